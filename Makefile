@@ -1,0 +1,40 @@
+# Two promises: `make demo` and `make test` work on a fresh machine. Each sets up .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ecrl-installed
+# torch comes pinned from the machine's local wheel store; pyproject keeps a compatible range.
+TORCH  := torch==2.14.1 torchvision==0.29.1
+PYTEST_WORKERS ?= auto
+
+.PHONY: setup demo test test-long lint typecheck bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ecrl demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check ecrl verifier transform tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) lint typecheck
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not slow"
+
+# Thousands of hypothesis examples and the long integration runs.
+test-long: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -n $(PYTEST_WORKERS)
+
+bench: $(STAMP)
+	$(BIN)/ecrl bench all --write-docs docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

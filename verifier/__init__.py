@@ -1,0 +1,5 @@
+"""``ecrl-verify``: prove exactly-once data consumption from ECRL run logs (never imports torch)."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
