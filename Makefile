@@ -21,17 +21,17 @@ demo: $(STAMP)
 	$(BIN)/ecrl demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check ecrl verifier transform tests
+	$(BIN)/python -m ruff check ecrl verifier transform tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy
+	$(BIN)/python -m mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 # Thousands of hypothesis examples and the long integration runs.
 test-long: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(BIN)/pytest -n $(PYTEST_WORKERS)
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 
 bench: $(STAMP)
 	$(BIN)/ecrl bench all --write-docs docs/benchmarks.md
