@@ -1,0 +1,130 @@
+"""The analysis pipeline as one library call: source → task tree → schedule + liveness.
+
+:func:`analyze` never raises for a problem in the user's program or parameters: it returns an
+:class:`AnalysisFailure` carrying the :class:`~transform.errors.SourceIssue` (LibCST's
+``TransformSuccess | TransformFailure`` style). :class:`AnalysisSuccess` is the data the code
+generator consumes: the task tree (libcst nodes with positions), the schedule of each region with
+per-slot firing rules, and the live facts at every hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from transform.cfg import build_cfg
+from transform.errors import ScheduleError, SourceError, SourceIssue
+from transform.liveness import LiveFacts, live_at_hints
+from transform.plan import Firing, RegionSchedule, ScheduleParams, schedule_region
+from transform.profile import Profile
+from transform.tasks import Hint, Region, TaskTree, build_task_tree
+
+__all__ = ["AnalysisSuccess", "AnalysisFailure", "AnalysisResult", "analyze"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnalysisSuccess:
+    path: str
+    tree: TaskTree
+    schedules: tuple[RegionSchedule, ...]
+    """One per region (``<module>`` first when it holds hints)."""
+    live: Mapping[int, LiveFacts] = field(repr=False)
+    """Hint id → what must be saved there (for every hint, chosen or not)."""
+    warnings: tuple[SourceIssue, ...]
+    profile: Profile | None = None
+
+    @property
+    def hints(self) -> tuple[Hint, ...]:
+        return self.tree.hints
+
+    @property
+    def chosen(self) -> tuple[int, ...]:
+        return tuple(sorted(h for s in self.schedules for h in s.chosen))
+
+    def firing(self, hint_id: int) -> Firing:
+        for s in self.schedules:
+            for f in s.firings:
+                if hint_id in f.hints:
+                    return f
+        raise KeyError(hint_id)
+
+    def hint_cost(self, hint_id: int) -> float:
+        """Seconds of the code segment that ends at this hint (per execution, as modelled)."""
+        return self._segment_costs().get(hint_id, 0.0)
+
+    def _segment_costs(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for region in self.tree.regions:
+            _segment_costs(region, out)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnalysisFailure:
+    issue: SourceIssue
+    warnings: tuple[SourceIssue, ...] = ()
+
+
+AnalysisResult = AnalysisSuccess | AnalysisFailure
+
+
+def _segment_costs(region: Region, out: dict[int, float]) -> None:
+    from transform.tasks import Branch, Code, HintSite, Loop, Seq
+
+    def walk(seq: Seq) -> None:
+        acc = 0.0
+        for item in seq.items:
+            if isinstance(item, Code):
+                acc += item.cost
+            elif isinstance(item, HintSite):
+                out[item.hint.id] = acc
+                acc = 0.0
+            elif isinstance(item, Loop):
+                walk(item.body)
+                acc = 0.0
+            elif isinstance(item, Branch):
+                for arm in item.arms:
+                    walk(arm)
+                acc = 0.0
+
+    walk(region.body)
+
+
+def _region_statements(region: Region) -> tuple[cst.BaseStatement, ...]:
+    node = region.node
+    if isinstance(node, cst.Module):
+        return tuple(node.body)
+    body = node.body
+    return tuple(body.body) if isinstance(body, cst.IndentedBlock) else ()
+
+
+def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
+            profile: Profile | None = None) -> AnalysisResult:
+    """Analyse a program: its hints, the chosen checkpoints and the live variables."""
+    params = params or ScheduleParams()
+    try:
+        tree = build_task_tree(source, path)
+    except SourceError as exc:
+        return AnalysisFailure(issue=exc.issue)
+    live: dict[int, LiveFacts] = {}
+    for region in tree.regions:
+        hint_statements = {id(h.statement): h.id for h in region.body.hints()}
+        cfg = build_cfg(region.node, _region_statements(region), hint_statements)
+        live.update(live_at_hints(cfg))
+    schedules = []
+    for region in tree.regions:
+        try:
+            schedules.append(schedule_region(
+                region, params,
+                measured=profile.transitions if profile else None,
+                per_hint_cost=profile.checkpoint_costs() if profile else None))
+        except ScheduleError as exc:
+            where = region.position
+            return AnalysisFailure(issue=SourceIssue(path=path, line=where.line,
+                                                     column=where.column, message=str(exc),
+                                                     kind="schedule"),
+                                   warnings=tree.warnings)
+    return AnalysisSuccess(path=path, tree=tree, schedules=tuple(schedules), live=live,
+                           warnings=tree.warnings, profile=profile)
