@@ -408,6 +408,9 @@ class _Builder:
             g.read_expr(iterate, stmt.iter)
             self.link(preds, iterate)
             head = g.new("for-next", stmt)
+            # Resuming inside the loop rebuilds its iterator (range at the saved index, other
+            # iterables fast-forwarded), so what the iterable reads stays live in the body.
+            head.uses |= iterate.uses
             uses: set[str] = set()
             names: set[str] = set()
             _targets(stmt.target, names, uses)
@@ -457,11 +460,17 @@ class _Builder:
                 pat = g.new("case", case)
                 names = set()
                 _pattern(case.pattern, names, pat.uses)
+                # A failed match may leave some captures bound (may-bind); a successful one
+                # binds them all before the guard and the body run (certain).
                 g.bind(pat, names, "value", certain=False)
-                g.read_expr(pat, case.guard)
                 self.link(prev, pat)
-                outs += self.block(_body(case.body), [pat.id])
-                prev = [pat.id]
+                bound = g.new("case-bound", case)
+                g.bind(bound, names, "value")
+                g.read_expr(bound, case.guard)
+                g.edge(pat.id, bound.id)
+                self.may_raise_to(bound.id)
+                outs += self.block(_body(case.body), [bound.id])
+                prev = [pat.id, bound.id] if case.guard is not None else [pat.id]
             return outs + prev
         if isinstance(stmt, cst.FunctionDef):
             node = g.new("def", stmt)
@@ -561,6 +570,9 @@ class _Builder:
                 names: set[str] = set()
                 _targets(t.target, names, node.uses)
                 g.bind(node, names, "value")
+                if isinstance(small.value, cst.Lambda) and isinstance(t.target, cst.Name):
+                    # ``f = lambda: x`` reads x wherever f is used, like a nested def.
+                    g.closures[t.target.value] = free_names(small.value)
         elif isinstance(small, cst.AugAssign):
             g.read_expr(node, small.value)
             names = set()
