@@ -1,0 +1,135 @@
+"""Liveness: the fixture corpus (one program per construct) and a check against execution."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from transform.analysis import AnalysisSuccess, analyze
+
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "programs"
+CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "expected-live.json").exists())
+
+
+def test_corpus_is_not_empty() -> None:
+    assert len(CASES) >= 12
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixture_live_sets(case: str) -> None:
+    source = (CORPUS / case / "input.py").read_text()
+    expected = json.loads((CORPUS / case / "expected-live.json").read_text())
+    result = analyze(source, f"{case}/input.py")
+    assert isinstance(result, AnalysisSuccess), result
+    assert {str(h): list(f.save) for h, f in result.live.items()} == expected["live"]
+    assert {str(h): list(f.rebind) for h, f in result.live.items()} == expected["rebind"]
+
+
+# ---------------------------------------------------------------- against execution
+
+NAMES = ["a", "b", "c", "d"]
+
+
+@st.composite
+def statements(draw: st.DrawFn, depth: int = 0) -> list[str]:
+    out: list[str] = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["assign", "aug", "del", "hint", "if", "for", "tuple",
+                                     "comp", "use"] if depth < 2 else
+                                    ["assign", "aug", "del", "hint", "use"]))
+        x, y, z = (draw(st.sampled_from(NAMES)) for _ in range(3))
+        if kind == "assign":
+            out.append(f"{x} = {y} + 1")
+        elif kind == "aug":
+            out.append(f"{x} += 1")
+        elif kind == "del":
+            out.append(f"del {x}")
+        elif kind == "hint":
+            out.append("_checkpoint()")
+        elif kind == "tuple":
+            out.append(f"{x}, {y} = {z}, 1")
+        elif kind == "comp":
+            out.append(f"{x} = [{y} + i for i in range(2)]")
+        elif kind == "use":
+            out.append(f"print({x})")
+        else:
+            body = draw(statements(depth + 1))
+            head = f"if {x} > 1:" if kind == "if" else f"for {x} in range(2):"
+            out.append(head)
+            out.extend("    " + line for line in body)
+    return out
+
+
+class _Scope(dict[str, object]):
+    """Module namespace that logs reads, writes and deletions of the program's names."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __getitem__(self, key: str) -> object:
+        if key in NAMES:
+            self.log.append(("read", key))
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: str, value: object) -> None:
+        if key in NAMES:
+            self.log.append(("write", key))
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if key in NAMES:
+            self.log.append(("read", key))
+            self.log.append(("del", key))
+        super().__delitem__(key)
+
+
+@given(statements())
+def test_omitted_names_are_never_read_afterwards(lines: list[str]) -> None:
+    lines = [f"{name} = {i}" for i, name in enumerate(NAMES)] + lines  # all bound at first
+    hints = [i for i, line in enumerate(lines) if line.strip() == "_checkpoint()"]
+    source = "\n".join(lines) + "\n"
+    result = analyze(source, "gen.py")
+    assert isinstance(result, AnalysisSuccess)
+    by_line = {h.position.line: h.id for h in result.hints}
+    log: list[tuple[str, str]] = []
+
+    def _checkpoint() -> None:
+        import sys
+
+        log.append(("hint", str(sys._getframe(1).f_lineno)))
+
+    scope = _Scope(log)
+    glob = {"_checkpoint": _checkpoint, "print": lambda *a: None, "range": range,
+            "__builtins__": {}}
+    try:
+        exec(compile(source, "gen.py", "exec"), glob, scope)  # noqa: S102
+    except (NameError, KeyError, TypeError, UnboundLocalError):
+        pass  # the program may read an unbound name: what ran so far still counts
+    assert len(hints) == len(by_line)
+    for k, (event, what) in enumerate(log):
+        if event != "hint":
+            continue
+        live = set(result.live[by_line[int(what)]].save)
+        written: set[str] = set()
+        for later_event, name in log[k + 1:]:
+            if later_event == "read" and name not in written:
+                assert name in live or name not in scope_names_before(log, k), (
+                    f"{name} read after hint at line {what} but omitted from {sorted(live)}")
+            elif later_event in ("write", "del"):
+                written.add(name)
+
+
+def scope_names_before(log: list[tuple[str, str]], k: int) -> set[str]:
+    """Names bound at log position ``k`` (a read of anything else fails at run time anyway)."""
+    bound: set[str] = set()
+    for event, name in log[:k]:
+        if event == "write":
+            bound.add(name)
+        elif event == "del":
+            bound.discard(name)
+    return bound
