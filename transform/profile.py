@@ -82,7 +82,7 @@ def record_profile(src: str, out: str, *, hints: Mapping[int, tuple[int, tuple[s
     """
     spec = {str(h): [line, list(names)] for h, (line, names) in hints.items()}
     proc = subprocess.run([sys.executable, "-m", "transform.profile", src, out, json.dumps(spec),
-                           *args], check=False)
+                           *args], check=False, stdout=2)  # keep our stdout for the report
     if proc.returncode != 0:
         raise TransformError(f"{src}: the profiling run exited with {proc.returncode}; fix the "
                              "program (or profile with the arguments it needs) and try again")

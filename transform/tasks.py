@@ -645,6 +645,14 @@ def _compound_children(stmt: cst.CSTNode) -> Iterator[cst.CSTNode]:
 def build_task_tree(source: str, path: str) -> TaskTree:
     """Parse ``source`` and build its task tree; raises :class:`SourceError` for bad input."""
     try:
+        # CPython's own parser gives the exact position and wording of a syntax error.
+        ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise SourceError(SourceIssue(path=path, line=exc.lineno or 1,
+                                      column=max(exc.offset or 1, 1),
+                                      message=f"syntax error: {exc.msg}",
+                                      kind="syntax")) from None
+    try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise SourceError(SourceIssue(path=path, line=exc.raw_line, column=exc.raw_column + 1,

@@ -1,0 +1,129 @@
+"""ecrl-transform's surface: flags, the --explain JSON schema, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transform.cli import build_parser
+
+PROGRAM = """\
+from transform import _checkpoint, checkpoint_params
+
+checkpoint_params(overhead=0.1, ckpt_cost=5, mtbf=3600)
+w = 0.0
+for step in range(200):
+    _cost: 1.5
+    w += step
+    _checkpoint()
+print(w)
+"""
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "transform.cli", *args], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_flags_are_pinned() -> None:
+    flags = {opt for action in build_parser()._actions for opt in action.option_strings}
+    assert flags == {"-h", "--help", "-o", "--output", "--in-place", "--diff", "--check",
+                     "--explain", "--format", "--all-hints", "--ckpt-dir", "--overhead",
+                     "--ckpt-cost", "--failure-rate", "--mtbf", "--objective", "--profile",
+                     "--record-profile", "--write-bandwidth"}
+
+
+def test_explain_json_schema(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--explain", "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {"hints", "chosen", "budget", "expected_recovery", "live"} <= set(data)
+    assert set(data["hints"][0]) >= {"id", "line", "cost"}
+    assert data["hints"][0] == {**data["hints"][0], "id": 1, "line": 8, "cost": 1.5}
+    # Σt = 200 × 1.5 s (+ loop tests); ℓ = ⌈0.1 × 300 / 5⌉ = 7 (the 0.001 s tests round up)
+    assert data["budget"] == 7 and data["chosen"] == [1]
+    assert data["live"] == {"1": ["w"]}
+    assert data["expected_recovery"] < data["expected_recovery_without"]
+    region = data["regions"][0]
+    assert region["checkpoints"] == 7 and region["firings"][0]["kind"] == "occurrences"
+    gaps = [b - a for a, b in zip(region["firings"][0]["occurrences"],
+                                  region["firings"][0]["occurrences"][1:], strict=False)]
+    assert max(gaps) - min(gaps) <= 1
+
+
+def test_explain_text_and_cli_overrides(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--explain", "--overhead", "0.5", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "budget 31 checkpoint(s)" in out.stdout and "saves: w" in out.stdout
+    cost = run("train.py", "--explain", "--format", "json", "--objective", "cost", cwd=tmp_path)
+    assert json.loads(cost.stdout)["budget"] is None
+
+
+def test_unbuilt_modes_say_so_after_checking_input(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "-o", "out.py", cwd=tmp_path)
+    assert out.returncode == 2 and "not built yet" in out.stderr
+    assert not (tmp_path / "out.py").exists()
+
+
+BAD = {
+    "syntax": ("x = (1,\n", "was never closed", 1),
+    "hint-arguments": ("from transform import _checkpoint\n_checkpoint(5)\n",
+                       "takes no arguments", 2),
+    "unbounded-loop": ("from transform import _checkpoint\nwhile True:\n    _checkpoint()\n",
+                       "_iterations", 2),
+    "generator": ("from transform import _checkpoint\ndef g():\n    _checkpoint()\n"
+                  "    yield 1\n", "generator", 4),
+    "async": ("from transform import _checkpoint\nasync def g():\n    _checkpoint()\n",
+              "async", 2),
+    "comprehension": ("from transform import _checkpoint\nx = [_checkpoint() for i in "
+                      "range(3)]\n", "comprehension", 2),
+    "exec": ("from transform import _checkpoint\ndef f():\n    exec('y = 1')\n"
+             "    _checkpoint()\n", "exec()", 3),
+    "hint-in-expression": ("from transform import _checkpoint\nx = _checkpoint()\n",
+                           "statement of its own", 2),
+    "bad-iterations": ("from transform import _checkpoint\nfor i in xs:\n    _iterations: n\n"
+                       "    _checkpoint()\n", "integer literal", 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
+    source, words, line = BAD[case]
+    (tmp_path / "bad.py").write_text(source)
+    for mode in (["--explain"], ["-o", "out.py"]):
+        out = run("bad.py", *mode, cwd=tmp_path)
+        assert out.returncode == 2
+        first = out.stderr.splitlines()[0]
+        assert first.startswith(f"bad.py:{line}:") and words in first, out.stderr
+        assert "Traceback" not in out.stderr
+        assert out.stdout == "" and not (tmp_path / "out.py").exists()
+
+
+def test_missing_file_and_bad_parameters(tmp_path: Path) -> None:
+    out = run("nope.py", "--explain", cwd=tmp_path)
+    assert out.returncode == 2 and "cannot read nope.py" in out.stderr
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--explain", "--failure-rate", "2", cwd=tmp_path)
+    assert out.returncode == 2 and "--failure-rate" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_record_profile_measures_times_and_sizes(tmp_path: Path) -> None:
+    program = PROGRAM.replace("    _cost: 1.5\n", "").replace("w = 0.0", "w = [0.0] * 1000")
+    program = program.replace("w += step", "w[0] += step")
+    (tmp_path / "train.py").write_text(program)
+    out = run("train.py", "--explain", "--format", "json", "--record-profile", "prof.json",
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["hints"][0]["save_bytes"] > 1000  # a list of 1000 floats
+    prof = json.loads((tmp_path / "prof.json").read_text())
+    counts = {(a, b): c for a, b, _, c in prof["transitions"]}
+    assert counts[(None, 1)] == 1 and counts[(1, 1)] == 199 and counts[(1, None)] == 1
