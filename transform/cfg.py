@@ -195,8 +195,8 @@ def _targets(target: cst.CSTNode, defs: set[str], uses: set[str]) -> None:
         _collect(target.value, uses, set())
     elif isinstance(target, cst.Subscript):
         _collect(target.value, uses, set())
-        for el in target.slice:
-            _collect(el, uses, set())
+        for sub in target.slice:
+            _collect(sub, uses, set())
     else:
         _collect(target, uses, set())
 
@@ -223,7 +223,7 @@ def _collect(node: cst.CSTNode, loads: set[str], bound: set[str],
         return
     if isinstance(node, _COMPREHENSIONS):
         inner_bound = set(bound)
-        comp: cst.BaseCompFor | None = node.for_in
+        comp: cst.CompFor | None = node.for_in
         parts: list[cst.CSTNode] = []
         first = True
         while isinstance(comp, cst.CompFor):
@@ -238,7 +238,7 @@ def _collect(node: cst.CSTNode, loads: set[str], bound: set[str],
         if isinstance(node, cst.DictComp):
             parts += [node.key, node.value]
         else:
-            parts.append(node.elt)  # type: ignore[union-attr]
+            parts.append(node.elt)
         for part in parts:
             _collect(part, loads, inner_bound, walrus, lambdas)
         return
@@ -454,7 +454,7 @@ class _Builder:
             subject = g.new("match", stmt)
             g.read_expr(subject, stmt.subject)
             self.link(preds, subject)
-            outs: list[int] = []
+            outs = []
             prev = [subject.id]
             for case in stmt.cases:
                 pat = g.new("case", case)
@@ -547,6 +547,7 @@ class _Builder:
             self.handlers.pop()
             for o in outs:
                 g.edge(o, fin_entry.id)
+            assert stmt.finalbody is not None
             ends = self.block(_body(stmt.finalbody.body), [fin_entry.id])
             # After finally: the normal successor, or wherever the pending jump was going.
             for e in ends:

@@ -130,7 +130,7 @@ class _Recorder:
                 continue
             try:
                 total += len(pickle.dumps(scope[name], protocol=pickle.HIGHEST_PROTOCOL))
-            except Exception as exc:  # noqa: BLE001 - any pickling failure is reported
+            except Exception as exc:
                 self.unsaveable.setdefault(hint, f"{name}: {type(exc).__name__}: {exc}")
         return total
 

@@ -190,11 +190,11 @@ def log_block_cost(length: np.ndarray, a: float) -> np.ndarray:
 
 def checkpoint_budget(*, total_time: float, overhead: float, ckpt_cost: float) -> int:
     """CheckHint's budget ``ℓ = ⌈o·Σt / t_c⌉``."""
-    if not 0.0 <= overhead:
+    if not overhead >= 0.0:
         raise ScheduleError(f"overhead must be a non-negative fraction, got {overhead}")
     if not ckpt_cost > 0.0:
         raise ScheduleError(f"checkpoint cost must be positive seconds, got {ckpt_cost}")
-    return int(math.ceil(overhead * total_time / ckpt_cost))
+    return math.ceil(overhead * total_time / ckpt_cost)
 
 
 def _logsumexp(values: np.ndarray) -> float:
@@ -314,9 +314,9 @@ def _pair_bound(min_cost: float, a: float, total: float) -> float:
     """A length ``s`` such that two adjacent optimal blocks are together longer than ``s``.
 
     The best split of a block of length ``L`` gains at most ``h(L) = f(L) − 2f(L/2) =
-    ½·L·exp(a·L/2)·expm1(a·L/2)``; an optimal solution never merges two blocks whose union would gain
-    more than the cut's cost, so their union has ``h ≥ min_cost``. Bisection keeps ``h(lo) <
-    min_cost``; the margin absorbs rounding in ``h``.
+    ½·L·exp(a·L/2)·expm1(a·L/2)``; an optimal solution never merges two blocks whose union
+    would gain more than the cut's cost, so their union has ``h ≥ min_cost``. Bisection keeps
+    ``h(lo) < min_cost``; the margin absorbs rounding in ``h``.
     """
     if min_cost <= 0.0 or total <= 0.0:
         return 0.0

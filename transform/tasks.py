@@ -249,7 +249,7 @@ def _literal_number(module: cst.Module, expr: cst.BaseExpression) -> float | Non
            for n in ast.walk(tree)):
         return None
     try:
-        value = eval(compile(tree, "<literal>", "eval"), {"__builtins__": {}}, {})  # noqa: S307
+        value = eval(compile(tree, "<literal>", "eval"), {"__builtins__": {}}, {})
     except (ArithmeticError, ValueError, OverflowError):
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):

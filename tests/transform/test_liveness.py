@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -106,10 +107,9 @@ def test_omitted_names_are_never_read_afterwards(lines: list[str]) -> None:
     scope = _Scope(log)
     glob = {"_checkpoint": _checkpoint, "print": lambda *a: None, "range": range,
             "__builtins__": {}}
-    try:
-        exec(compile(source, "gen.py", "exec"), glob, scope)  # noqa: S102
-    except (NameError, KeyError, TypeError, UnboundLocalError):
-        pass  # the program may read an unbound name: what ran so far still counts
+    # The program may read an unbound name: what ran until then still counts.
+    with contextlib.suppress(NameError, KeyError, TypeError, UnboundLocalError):
+        exec(compile(source, "gen.py", "exec"), glob, scope)
     assert len(hints) == len(by_line)
     for k, (event, what) in enumerate(log):
         if event != "hint":
