@@ -34,6 +34,7 @@ fast path never accepts a block the slow path would reject or read differently; 
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from itertools import chain
@@ -159,14 +160,18 @@ class RankLog:
             raise RunFormatError(str(self.path), None, f"cannot read: {exc.strerror}") from None
         try:
             carry = b""
+            left = os.fstat(handle.fileno()).st_size
             size = self.block
             while True:
+                # Small files get small buffers: a zeroed megabyte per file adds up at 64 ranks.
+                size = min(size, left + 1)
                 buf = bytearray(1 + len(carry) + size)
                 buf[1 : 1 + len(carry)] = carry
                 got = handle.readinto(memoryview(buf)[1 + len(carry):])
                 end = 1 + len(carry) + got
                 if got == 0:
                     break
+                left -= got
                 cut = buf.rfind(b"\n", 1, end)
                 if cut < 0:  # a line longer than the block: read more before cutting
                     carry = bytes(buf[1:end])

@@ -179,12 +179,12 @@ class _RunCheck:
         ledger = self.ledgers[(k, rank)]
         previous = ledger.stops[-1] - 1 if ledger.stops else None
         ledger.add(steps, batch.first_line)
-        if plan.on_chain:
-            committed = steps >= plan.lo
-            if plan.hi is not None:
-                committed &= steps <= plan.hi
-        else:
+        if not plan.on_chain:
             committed = np.zeros(n, dtype=bool)
+        elif plan.hi is None:
+            committed = np.ones(n, dtype=bool)
+        else:
+            committed = steps <= plan.hi
         rel = self.files[(k, rank)]
         self._order(plan, rel, rank, batch, previous, committed)
         ncommit = int(np.count_nonzero(committed))
@@ -364,10 +364,11 @@ class _RunCheck:
             lasts = [runs.last_step for runs in ranks.values() if runs.last_step is not None]
             union: list[Interval] = []
             if plan.on_chain and not self.aborted:
-                clipped = {r: ranks[r].clipped(plan.lo, plan.hi) if r in ranks else []
-                           for r in range(w)}
-                union = merge((s, e) for runs in clipped.values() for s, e, _ in runs)
-                self._ranks(plan, clipped, union)
+                # All committed records (steps run again below lo included) for duplicates;
+                # the steps the attempt should run, lo..hi, for the ranks each step needs.
+                full = {r: ranks[r].clipped(0, plan.hi) if r in ranks else [] for r in range(w)}
+                union = merge((s, e) for runs in full.values() for s, e, _ in runs)
+                self._ranks(plan, full, clip(union, plan.lo, 2**63))
             if not self.aborted:
                 self._resume(plan, firsts)
             if union:
@@ -424,10 +425,10 @@ class _RunCheck:
                               expected=f"step {expected}", actual=f"step {first}"))
 
     def _ranks(self, plan: AttemptPlan, clipped: dict[int, list[tuple[int, int, int]]],
-               union: list[Interval]) -> None:
+               expected: list[Interval]) -> None:
         k = plan.attempt
-        span = (f"attempt {k} commits steps {union[0][0]}..{union[-1][1] - 1}" if union
-                else f"attempt {k} commits no step")
+        span = (f"attempt {k} commits steps {expected[0][0]}..{expected[-1][1] - 1}"
+                if expected else f"attempt {k} commits no step")
         for rank, runs in clipped.items():
             rel = self.files.get((k, rank), f"logs/attempt-{k:03d}/rank-{rank:03d}.jsonl")
             found = overlaps([(s, e) for s, e, _ in runs])
@@ -444,7 +445,7 @@ class _RunCheck:
                 related=(Location(file=rel, line=runs[o.first][2] + o.start - runs[o.first][0],
                                   attempt=k, step=o.start, rank=rank),)) for o in found))
             have = merge((s, e) for s, e, _ in runs)
-            missing = difference(union, have)
+            missing = difference(expected, have)
             exists = (k, rank) in self.ledgers
             self.sink.add_many("missing_record", size(missing), (
                 self._missing_record(plan, rank, rel, exists, runs, gap, span)

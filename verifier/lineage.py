@@ -3,9 +3,11 @@
 Attempt ``k`` that resumed from the checkpoint at step ``c`` continues the history of the attempt
 that *wrote* that checkpoint. Walking back from the final attempt through "loaded the checkpoint
 written by" links gives the chain of attempts whose work the final model carries. An attempt on
-the chain commits its records from ``lo = c + 1`` (0 after a fresh start) up to ``hi``, the step of
-the checkpoint its successor on the chain loaded (the final attempt: all its records). Records of
-a chain attempt beyond ``hi`` and every record of an attempt off the chain are replayed work.
+the chain should run steps ``lo = c + 1`` (0 after a fresh start) up to ``hi``, the step of the
+checkpoint its successor on the chain loaded (the final attempt: to its end). Every record it
+logged up to ``hi`` is committed, so a step below ``lo`` run again is a duplicate, never ignored.
+Records of a chain attempt beyond ``hi``, and every record of an attempt off the chain, are
+replayed work.
 
 In every run where each attempt resumes from the newest durable checkpoint — what the supervisor
 does — the writer is the previous attempt (or an earlier one, when the previous attempt wrote no
@@ -53,7 +55,12 @@ class AttemptPlan:
     exit_code: int | None
 
     def committed(self, step: int) -> bool:
-        return self.on_chain and self.lo <= step and (self.hi is None or step <= self.hi)
+        """Whether a record of ``step`` in this attempt's logs belongs to the lineage.
+
+        No lower bound: a chain attempt that runs a step below ``lo`` (the checkpoint's step or
+        earlier) consumed that data again in the history the final model carries.
+        """
+        return self.on_chain and (self.hi is None or step <= self.hi)
 
     @property
     def commits_anything(self) -> bool:
