@@ -129,7 +129,7 @@ class RankLog:
     def __init__(self, path: Path, *, attempt: int, rank: int, world_size: int,
                  local_batch: int | None, geometry: semantics.Geometry, seed: int,
                  torn_ok: bool, start_step: int, log_ids: bool, want_loss: bool,
-                 block: int = BLOCK_BYTES) -> None:
+                 block: int = BLOCK_BYTES, fast: bool = True) -> None:
         self.path = path
         self.attempt = attempt
         self.rank = rank
@@ -146,8 +146,9 @@ class RankLog:
         self.torn: tuple[int, str] | None = None
         self.fast_records = 0
         self._lines_in_block = 0
+        self._error: RunFormatError | None = None
         self._templates: dict[tuple[int, int, int], _Template] = {}
-        self._fast_ok = local_batch is not None and 0 <= rank < world_size
+        self._fast_ok = fast and local_batch is not None and 0 <= rank < world_size
         self._chunks = self._read()
 
     # -- reading ---------------------------------------------------------------------------
@@ -190,8 +191,11 @@ class RankLog:
             handle.close()
 
     def batches(self) -> Iterator[Batch]:
+        """Batches in file order; a schema error is raised after the records before it."""
         for buf, nbytes in self._chunks:
             yield self._batch(buf, nbytes)
+            if self._error is not None:
+                raise self._error
 
     def _batch(self, buf: bytearray, nbytes: int) -> Batch:
         arr = np.frombuffer(buf, dtype=np.uint8, count=nbytes + 1)
@@ -360,16 +364,12 @@ class RankLog:
         ids: list[npt.NDArray[np.int64] | None] = []
         for i, line in enumerate(lines):
             number = self.next_line + i
-            if not line.strip():
-                raise RunFormatError(path, number, "empty line")
             try:
-                data = loads(line)
-            except Exception as exc:
-                raise RunFormatError(path, number, f"not valid JSON ({exc})") from None
-            record = StepRecord.from_dict(data, where=(path, number))
-            if record.sample_ids is None and self.log_ids:
-                raise RunFormatError(path, number, "run.json sets log_ids but this record has "
-                                                   "no sample_ids")
+                record = self._record(line, path, number)
+            except RunFormatError as exc:
+                # The records before the bad line are still judged (a witness there is a FAIL).
+                self._error = exc
+                break
             ints.append((record.attempt, record.global_step, record.epoch, record.cursor_step,
                          record.rank, record.world_size, record.local_batch,
                          record.sample_ids_count))
@@ -378,7 +378,7 @@ class RankLog:
             losses.append(float("nan") if record.loss is None else float(record.loss))
             ids.append(None if record.sample_ids is None else _id_array(record.sample_ids))
         try:
-            table = np.array(ints, dtype=np.int64).reshape(len(lines), len(_INT_KEYS))
+            table = np.array(ints, dtype=np.int64).reshape(len(ints), len(_INT_KEYS))
         except OverflowError:
             big = next(i for i, row in enumerate(ints) if max(row) >= 2**63)
             raise RunFormatError(path, self.next_line + big,
@@ -388,6 +388,20 @@ class RankLog:
                      loss=np.array(losses, dtype=np.float64),
                      ids=ids if any(x is not None for x in ids) else None, ints=table,
                      hashes=np.array(hashes, dtype=np.uint64))
+
+
+    def _record(self, line: bytes, path: str, number: int) -> StepRecord:
+        if not line.strip():
+            raise RunFormatError(path, number, "empty line")
+        try:
+            data = loads(line)
+        except Exception as exc:
+            raise RunFormatError(path, number, f"not valid JSON ({exc})") from None
+        record = StepRecord.from_dict(data, where=(path, number))
+        if record.sample_ids is None and self.log_ids:
+            raise RunFormatError(path, number, "run.json sets log_ids but this record has no "
+                                               "sample_ids")
+        return record
 
 
 def _id_array(values: list[int]) -> npt.NDArray[np.int64]:

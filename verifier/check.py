@@ -139,7 +139,7 @@ class _RunCheck:
             readers.append(RankLog(
                 path, attempt=k, rank=rank, world_size=w, local_batch=local,
                 geometry=self.geometry, seed=self.manifest.seed, torn_ok=plan.torn_ok,
-                start_step=plan.lo if plan.resumed_from is not None or k == 0 else 0,
+                start_step=plan.lo,
                 log_ids=self.manifest.log_ids, want_loss=self.want_series))
         stats = self.stats[k]
         stats.timeline_rank = min((r.rank for r in readers), default=None)

@@ -113,15 +113,19 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
                 expected="a checkpoint event at step " + str(c), actual="none"))
             writer = k - 1 if k > 0 else None
         bounds[k] = (lo, hi, writer)
-        for skipped in range((writer if writer is not None else -1) + 1, k):
-            notes.append(Note(
-                kind="off_chain", file="supervisor.json",
-                message=f"attempt {skipped} is not in the committed lineage: attempt {k} "
-                        f"resumed from step {c}"
-                        + (f", a checkpoint of attempt {writer}" if writer is not None else "")
-                        + f"; all of attempt {skipped}'s steps count as replayed"))
         hi = c
         k = writer
+    for a in attempts:
+        if a.attempt not in bounds:
+            later = min(j for j in bounds if j > a.attempt)
+            loaded = attempts[later].resumed_from_step
+            notes.append(Note(
+                kind="off_chain", file="supervisor.json",
+                message=f"attempt {a.attempt} is not in the committed lineage: attempt {later} "
+                        + ("started fresh" if loaded is None else
+                           f"resumed from step {loaded}, a checkpoint of attempt "
+                           f"{bounds[later][2]}")
+                        + f"; all of attempt {a.attempt}'s steps count as replayed"))
     for a in attempts:
         if a.attempt > 0 and a.resumed_from_step is None and any(
                 checkpoints.get(j) for j in range(a.attempt)):
@@ -140,7 +144,8 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
     plans = []
     for a in attempts:
         on_chain = a.attempt in bounds
-        lo, hi_k, writer = bounds.get(a.attempt, (0, -1, None))
+        start = 0 if a.resumed_from_step is None else a.resumed_from_step + 1
+        lo, hi_k, writer = bounds.get(a.attempt, (start, start - 1, None))
         plans.append(AttemptPlan(
             attempt=a.attempt, world_size=a.world_size, resumed_from=a.resumed_from_step,
             writer=writer, on_chain=on_chain, lo=lo, hi=hi_k, torn_ok=torn_tail_ok(a),

@@ -108,10 +108,9 @@ def _run_text(run: RunResult) -> list[str]:
                 if rel is not None:
                     out.append(f"        and {rel}" + (f":{r.line}" if r.line else ""))
         cut = len(witnesses) - WITNESSES_SHOWN
-        shown = min(len(witnesses), WITNESSES_SHOWN)
-        if cut > 0 or total > sum(a.count for a in witnesses[:shown]):
-            out.append(f"      … {max(cut, 0)} more witness{'es' if cut != 1 else ''} shown "
-                       "by --format json; scope above counts every item")
+        if cut > 0:
+            out.append(f"      … {cut} more witness{'es' if cut != 1 else ''} in --format "
+                       f"json ({total:,} items in all)")
     if run.verdict == "PASS":
         out += ["  " + line for line in _proved(run)]
     if run.lineage:
