@@ -46,17 +46,18 @@ def report_epochs(verdicts: Sequence[EpochVerdict], *, sink: AnomalySink,
         wanted = set(v.duplicates[:_PER_KIND].tolist()) | set(v.extra[:_PER_KIND].tolist())
         where = (_consumers(v.epoch, wanted, geometry, chain, rank_files)
                  if locate and wanted else {})
+        shown = _PER_KIND if locate else 1
         sink.add_many("duplicate_sample", dup_n, (
-            _sample_anomaly("duplicate_sample", v, int(x), where.get(int(x), []))
-            for x in v.duplicates[: _PER_KIND if locate else 1]))
+            _sample_anomaly("duplicate_sample", v, int(x), where.get(int(x), []), first=i == 0)
+            for i, x in enumerate(v.duplicates[:shown])))
         sink.add_many("extra_sample", extra_n, (
-            _sample_anomaly("extra_sample", v, int(x), where.get(int(x), []))
-            for x in v.extra[: _PER_KIND if locate else 1]))
+            _sample_anomaly("extra_sample", v, int(x), where.get(int(x), []), first=i == 0)
+            for i, x in enumerate(v.extra[:shown])))
         places = (_places(v, v.missing[:_PER_KIND], geometry, seed, chain)
                   if locate and miss_n else {})
         sink.add_many("missing_sample", miss_n, (
-            _missing(v, int(x), places.get(int(x))) for x in v.missing[: _PER_KIND if locate
-                                                                        else 1]))
+            _missing(v, int(x), places.get(int(x)), first=i == 0)
+            for i, x in enumerate(v.missing[:shown])))
 
 
 def _scope(v: EpochVerdict, kind: str) -> str:
@@ -70,8 +71,8 @@ def _scope(v: EpochVerdict, kind: str) -> str:
         + (f" (first {ids.size} shown)" if n > ids.size else "")
 
 
-def _sample_anomaly(kind: str, v: EpochVerdict, sample: int, found: list[Location]
-                    ) -> Anomaly:
+def _sample_anomaly(kind: str, v: EpochVerdict, sample: int, found: list[Location], *,
+                    first: bool) -> Anomaly:
     head = found[-1] if found else Location()
     if kind == "duplicate_sample":
         how = (" by " + " and ".join(_describe(f) for f in found[:2])) if found else ""
@@ -80,7 +81,9 @@ def _sample_anomaly(kind: str, v: EpochVerdict, sample: int, found: list[Locatio
         how = (" by " + _describe(found[0])) if found else ""
         message = (f"sample {sample} is not in epoch {v.epoch}'s committed windows but was "
                    f"consumed{how}")
-    return Anomaly(kind=kind, message=f"{message}; {_scope(v, kind)}", file=head.file,
+    if first:  # the epoch's scope follows its first witness only
+        message += f"; {_scope(v, kind)}"
+    return Anomaly(kind=kind, message=message, file=head.file,
                    line=head.line, attempt=head.attempt, step=head.step, rank=head.rank,
                    epoch=v.epoch, sample_ids=(sample,), related=tuple(found[:-1]))
 
@@ -89,17 +92,19 @@ def _describe(loc: Location) -> str:
     return f"step {loc.step} rank {loc.rank} (attempt {loc.attempt}, {loc.file}:{loc.line})"
 
 
-def _missing(v: EpochVerdict, sample: int, place: tuple[int, int | None] | None) -> Anomaly:
+def _missing(v: EpochVerdict, sample: int, place: tuple[int, int | None] | None, *,
+             first: bool) -> Anomaly:
+    scope = f"; {_scope(v, 'missing_sample')}" if first else ""
     if place is None:
         message = f"sample {sample} of epoch {v.epoch} was never consumed"
-        return Anomaly(kind="missing_sample", message=f"{message}; {_scope(v, 'missing_sample')}",
-                       epoch=v.epoch, sample_ids=(sample,))
+        return Anomaly(kind="missing_sample", message=message + scope, epoch=v.epoch,
+                       sample_ids=(sample,))
     step, rank = place
     who = f", rank {rank}" if rank is not None else ""
     message = (f"sample {sample} of epoch {v.epoch} was never consumed: it belongs to step "
                f"{step}{who}")
-    return Anomaly(kind="missing_sample", message=f"{message}; {_scope(v, 'missing_sample')}",
-                   epoch=v.epoch, step=step, rank=rank, sample_ids=(sample,))
+    return Anomaly(kind="missing_sample", message=message + scope, epoch=v.epoch, step=step,
+                   rank=rank, sample_ids=(sample,))
 
 
 def _consumers(epoch: int, wanted: set[int], geometry: semantics.Geometry,

@@ -412,8 +412,12 @@ class _RunCheck:
             return
         where = (f"resumed from the checkpoint at step {plan.resumed_from}"
                  if plan.resumed_from is not None else "started fresh")
-        what = (f"steps {expected}..{first - 1} were skipped" if first > expected
-                else f"committed step {first} was run again")
+        if first > expected + 1:
+            what = f"steps {expected}..{first - 1} were skipped"
+        elif first > expected:
+            what = f"step {expected} was skipped"
+        else:
+            what = f"committed step {first} was run again"
         message = (f"attempt {k} {where}, so its first step must be {expected}; rank {rank}'s "
                    f"first record is step {first}: {what}")
         if not plan.on_chain:
@@ -471,8 +475,17 @@ class _RunCheck:
             line = None
         else:
             before = [r for r in runs if r[1] <= start]
+            after = [r for r in runs if r[0] >= stop]
             line = (before[-1][2] + before[-1][1] - 1 - before[-1][0]) if before else None
-            message = f"rank {rank} has no record of step {start}{seen}; {span}"
+            context = ""
+            if before and after:
+                context = (f" (its log goes from step {before[-1][1] - 1} at line {line} to "
+                           f"step {after[0][0]} at line {after[0][2]})")
+            elif before:
+                context = f" (its log stops at step {before[-1][1] - 1}, line {line})"
+            elif after:
+                context = f" (its log starts at step {after[0][0]}, line {after[0][2]})"
+            message = f"rank {rank} has no record of step {start}{seen}; {span}{context}"
         if stop - start > 1:
             message += f" ({stop - start} consecutive steps missing)"
         return Anomaly(kind="missing_record", file=rel, line=line, attempt=k, step=start,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.atomicio import atomic_write_text
-from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly
+from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
 from verifier.result import RunResult, VerifyResult
 
 __all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
@@ -50,6 +50,13 @@ def _at(run: RunResult, a: Anomaly) -> str:
     if facts:
         parts.append("(" + ", ".join(facts) + ")")
     return " ".join(parts)
+
+
+def _note(run: RunResult, note: Note) -> str:
+    where = _join(run, note.file)
+    if where is None:
+        return note.message
+    return f"{where}{'' if note.line is None else f':{note.line}'}: {note.message}"
 
 
 def _world_sizes(run: RunResult) -> str:
@@ -117,7 +124,7 @@ def _run_text(run: RunResult) -> list[str]:
         out.append("  " + _metrics_line(run))
     if run.warnings:
         out.append(f"  warnings ({len(run.warnings)}):")
-        out += [f"    {w}" for w in run.warnings[:WARNINGS_SHOWN]]
+        out += [f"    {_note(run, w)}" for w in run.warnings[:WARNINGS_SHOWN]]
         if len(run.warnings) > WARNINGS_SHOWN:
             out.append(f"    … {len(run.warnings) - WARNINGS_SHOWN} more (--format json)")
     return out
