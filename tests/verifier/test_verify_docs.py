@@ -1,4 +1,4 @@
-"""docs/anomalies.md stays true: a section per kind, and its examples are what ecrl-verify prints."""
+"""docs/anomalies.md stays true: a section per kind, examples equal to what ecrl-verify prints."""
 
 from __future__ import annotations
 
