@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from verifier_helpers import run_specs
 
@@ -21,6 +21,11 @@ from verifier.generate import RunSpec, committed_steps, generate_run
 from verifier.mutations import CATALOGUE, apply, judge
 
 
+# Each example is cheap (a few small files), so these run four times the profile's examples.
+MANY = settings(max_examples=4 * settings.default.max_examples)
+
+
+@MANY
 @given(run_specs())
 def test_every_generated_run_passes(spec: RunSpec) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -37,6 +42,7 @@ def test_every_generated_run_passes(spec: RunSpec) -> None:
         assert result.checked["fast_path_records"] == run.records
 
 
+@MANY
 @given(run_specs(), st.sampled_from(CATALOGUE), st.integers(0, 2**32))
 def test_every_mutation_gets_its_verdict(spec: RunSpec, mutation: object, seed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
