@@ -205,8 +205,11 @@ class _RunCheck:
             stats.commit_time = t if stats.commit_time is None else max(stats.commit_time, t)
         if self.want_series:
             self._series(batch, committed, rank, stats)
-        if self.samples is not None and batch.ids is not None and ncommit:
-            self._count_samples(plan, rel, rank, batch, committed)
+        if self.samples is not None and ncommit:
+            if batch.id_block is not None:
+                self._count_block(batch, committed)
+            elif batch.ids is not None:
+                self._count_samples(plan, rel, rank, batch, committed)
 
     def _order(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                previous: int | None, committed: npt.NDArray[np.bool_]) -> None:
@@ -235,6 +238,19 @@ class _RunCheck:
         if rank == stats.timeline_rank:
             stride = max(1, len(batch) // 64)
             stats.timeline.append((batch.time[::stride].copy(), batch.steps[::stride].copy()))
+
+    def _count_block(self, batch: Batch, committed: npt.NDArray[np.bool_]) -> None:
+        """Fast-path IDs: proven equal to the shards, so only counting is left."""
+        assert self.samples is not None and batch.id_block is not None
+        rows = np.flatnonzero(committed)
+        epochs = batch.steps[rows] // self.geometry.steps_per_epoch
+        cuts = (np.flatnonzero(epochs[1:] != epochs[:-1]) + 1).tolist()
+        for lo, hi in zip([0, *cuts], [*cuts, rows.size], strict=True):
+            epoch = int(epochs[lo])
+            if epoch in self.finished_epochs:
+                self.late_records += hi - lo
+                continue
+            self.samples.add_epoch(epoch, batch.id_block[rows[lo:hi]].ravel())
 
     def _count_samples(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                        committed: npt.NDArray[np.bool_]) -> None:

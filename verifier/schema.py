@@ -161,6 +161,11 @@ def read_inputs(root: str | Path) -> RunInputs:
         except RunFormatError as exc:
             notes.append(Note(kind="latest", file="checkpoints/latest.json",
                               message=f"unreadable, ignored: {exc.message}"))
+    recorded = {r.event.global_step for events in checkpoints.values() for r in events}
+    if latest is not None and latest.global_step not in recorded:
+        notes.append(Note(kind="latest", file="checkpoints/latest.json",
+                          message=f"points at step {latest.global_step}, which no checkpoint "
+                                  "event records"))
     return RunInputs(root=paths.root, paths=paths, manifest=manifest, geometry=geometry,
                      supervisor=supervisor, checkpoints=checkpoints, latest=latest,
                      notes=tuple(notes))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.bench.sampler import _reset_peak, _rss_kib  # peak RSS of this process alone
 
 CACHE_VERSION = 1
 GIB = 2**30
@@ -67,23 +68,6 @@ def _cached_run(records: int, *, log_ids: bool, progress: Progress) -> tuple[Pat
             "generate_s": time.perf_counter() - t0}
     marker.write_text(json.dumps(info))
     return root / "run", json.loads(marker.read_text())
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> int:
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-    except OSError:
-        pass
-    return _rss_kib("VmRSS")
 
 
 def _measure(case: dict[str, Any]) -> dict[str, Any]:

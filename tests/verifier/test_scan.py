@@ -52,7 +52,10 @@ def read(path: Path, *, log_ids: bool, fast: bool, block: int, torn_ok: bool = F
                 digest = int(batch.hashes[i])
             assert batch.loss is not None
             loss = float(batch.loss[i])
-            ids = batch.ids[i] if batch.ids is not None else None
+            if batch.id_block is not None:
+                ids = batch.id_block[i]
+            else:
+                ids = batch.ids[i] if batch.ids is not None else None
             rows.append((batch.first_line + i, *ints, digest, None if math.isnan(loss) else loss,
                          float(batch.time[i]), None if ids is None else tuple(ids.tolist())))
     return rows, log.fast_records

@@ -120,3 +120,10 @@ def test_anomaly_found_before_a_schema_error_still_fails(run: Path) -> None:
     assert result.verdict == "FAIL"
     assert "wrong_cursor" in result.anomaly_counts
     assert result.unknown and "not valid JSON" in result.unknown[0]
+
+
+def test_latest_pointer_without_an_event_is_a_warning(run: Path) -> None:
+    edit_json(run / "checkpoints" / "latest.json", lambda d: d.update(global_step=999))
+    result = verify_run(run)
+    assert result.verdict == "PASS"
+    assert any(w.kind == "latest" and "step 999" in w.message for w in result.warnings)
