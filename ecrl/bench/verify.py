@@ -8,10 +8,11 @@ Geometry: D = 10^6 samples, global batch B = 256, five attempts at world sizes 8
 10^6 or 10^7 step records. Verification cost grows with records *and* with sample IDs recomputed
 (B / W per record: 64 down to 4 here, about 10 on average), so the table states both.
 
-Each measurement runs in a fresh child process (page cache warmed first), and its peak memory is
-``VmHWM`` after resetting it, as in ``ecrl bench sampler``. The raw parse is the fastest of two
-plain loops over the same files (``for line in file: orjson.loads(line)`` and
-``list(map(orjson.loads, file))``): what it costs merely to read the logs.
+Each measurement runs in a fresh child process (page cache warmed first), the two candidates
+alternating, and its peak memory is ``VmHWM`` after resetting it, as in ``ecrl bench sampler``.
+The raw parse is the faster of two plain loops over the same files (``for line in file:
+orjson.loads(line)`` and ``list(map(orjson.loads, file))``): what it costs merely to read the
+logs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from ecrl.bench.sampler import _reset_peak, _rss_kib  # peak RSS of this process
 
 CACHE_VERSION = 1
 GIB = 2**30
+SIZES = {False: (10**6, 10**7), True: (10**5,)}
+"""Hash-only runs measured, by ``quick``."""
+ID_SIZE = {False: 10**6, True: 10**5}
+"""The run with full sample IDs, by ``quick``."""
+MUTATED_RUNS = {False: 12, True: 4}
+"""Generated runs the mutation catalogue is applied to, by ``quick``."""
 
 
 def _spec(records: int, *, log_ids: bool) -> dict[str, Any]:
@@ -103,7 +110,6 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
     if case["kind"] == "verify":
         from verifier.check import verify_run
 
-        verify_run(root)  # warm imports and code paths on the same data
         baseline = _reset_peak()
         samples = []
         result = None
@@ -113,7 +119,7 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
             samples.append(time.perf_counter() - t0)
         assert result is not None
         peak = _rss_kib("VmHWM")
-        return {"seconds": sorted(samples)[len(samples) // 2], "peak_bytes": peak * 1024,
+        return {"seconds": min(samples), "peak_bytes": peak * 1024,
                 "extra_bytes": max(0, peak - baseline) * 1024, "verdict": result.verdict,
                 "records": result.checked.get("records", 0),
                 "fast": result.checked.get("fast_path_records", 0)}
@@ -135,6 +141,24 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "ecrl.bench.verify", json.dumps(case)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _side_by_side(root: Path, rounds: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Alternate raw-parse and verify children; keep each one's best time and highest peak.
+
+    On a shared machine interference only ever adds time, so the minimum over alternating
+    rounds is the fairest estimate of both costs.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for _ in range(rounds):
+        for kind in ("raw", "verify"):
+            got = _child({"root": str(root), "kind": kind, "repeats": repeats})
+            if kind in best:
+                got["peak_bytes"] = max(got["peak_bytes"], best[kind]["peak_bytes"])
+                if got["seconds"] > best[kind]["seconds"]:
+                    got["seconds"] = best[kind]["seconds"]
+            best[kind] = got
+    return best["raw"], best["verify"]
 
 
 def _kill_rate(progress: Progress, runs: int) -> tuple[int, int, int, int]:
@@ -167,18 +191,16 @@ def _kill_rate(progress: Progress, runs: int) -> tuple[int, int, int, int]:
 
 
 def run(*, quick: bool, progress: Progress) -> BenchResult:
-    sizes = [10**5] if quick else [10**6, 10**7]
+    sizes = SIZES[quick]
     rows: list[BenchRow] = []
     targets: list[Target] = []
     notes: list[str] = []
     for size in sizes:
         root, info = _cached_run(size, log_ids=False, progress=progress)
-        repeats = 3 if size <= 10**6 else 1
         progress(f"{info['records']:,} records ({info['bytes'] / GIB:.2f} GiB in "
-                 f"{info['files']} files): raw orjson parse")
-        raw = _child({"root": str(root), "kind": "raw", "repeats": repeats})
-        progress(f"{info['records']:,} records: ecrl-verify")
-        ours = _child({"root": str(root), "kind": "verify", "repeats": repeats})
+                 f"{info['files']} files): raw orjson parse and ecrl-verify, alternating")
+        raw, ours = _side_by_side(root, rounds=3 if size <= 10**6 else 2,
+                                  repeats=2 if size <= 10**6 else 1)
         if ours["verdict"] != "PASS":
             raise RuntimeError(f"generated benchmark run {root} did not pass: {ours}")
         label = f"{info['records']:.2g} records, hash-only"
@@ -197,24 +219,23 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         targets.append(Target(
             description=f"verification ≤ 2× raw parse time at {info['records']:.2g} records",
             measured=f"{ratio:.2f}×", met=ratio <= 2.0))
-        if size >= 10**7:
+        if size == max(sizes):
             targets.append(Target(
                 description=f"peak memory ≤ 1 GiB at {info['records']:.2g} records",
                 measured=f"{ours['peak_bytes'] / 2**20:,.0f} MiB",
                 met=ours["peak_bytes"] <= GIB))
     # With full sample IDs the verifier also keeps per-epoch sample counts (D bytes each).
-    id_size = 10**5 if quick else 10**6
+    id_size = ID_SIZE[quick]
     root, info = _cached_run(id_size, log_ids=True, progress=progress)
     progress(f"{info['records']:,} records with sample IDs: raw parse and ecrl-verify")
-    raw = _child({"root": str(root), "kind": "raw", "repeats": 2})
-    ours = _child({"root": str(root), "kind": "verify", "repeats": 2})
+    raw, ours = _side_by_side(root, rounds=2, repeats=1)
     rows.append(BenchRow(
         candidate="ecrl-verify", alternative="orjson raw parse",
         metric=f"seconds to read the logs ({info['records']:.2g} records with sample IDs; "
                "lower is better)",
         candidate_value=ours["seconds"], alternative_value=raw["seconds"],
         note=f"per-epoch sample counts of D = 10^6 samples; verdict {ours['verdict']}"))
-    runs = 4 if quick else 12
+    runs = MUTATED_RUNS[quick]
     harmful, killed, benign, alarms = _kill_rate(progress, runs)
     targets.append(Target(
         description=f"mutation catalogue on {runs} generated runs: every harmful mutation "
@@ -227,8 +248,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         f"generated runs: D = {spec['dataset_size']:,}, B = {spec['global_batch']}, world sizes "
         f"{'→'.join(map(str, spec['world_sizes']))} (4 failures, overlapped checkpoints every "
         f"{spec['ckpt_every']} steps); about 10 sample IDs recomputed per record (B / W)",
-        "both candidates single-threaded, page cache warm, each in a fresh child process; "
-        "times are medians (raw parse: the faster of a per-line loop and a map)",
+        "both candidates single-threaded, page cache warm, each in a fresh child process, "
+        "alternating; times are the best of several runs (raw parse: the faster of a per-line "
+        "loop and a map), peak memory the highest",
         "runs are generated once and cached under $ECRL_BENCH_CACHE or the temp directory",
     ]
     return BenchResult(name="verify", command=command_line(), rows=rows, targets=targets,
