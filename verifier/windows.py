@@ -45,14 +45,16 @@ class RecordContext:
 
 
 def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordContext,
-                  sink: AnomalySink) -> int:
-    """Judge the committed rows of a slow-path batch; return how many shards were compared.
+                  sink: AnomalySink) -> tuple[int, int]:
+    """Judge the committed rows of a slow-path batch.
 
-    Only rows that the committed lineage counts are obligations; replayed rows are not judged.
+    Returns how many shards were compared, and how many logged their shard's IDs in another
+    order (the same samples: not an anomaly). Only rows the committed lineage counts are
+    obligations; replayed rows are not judged.
     """
     rows = np.flatnonzero(committed)
     if rows.size == 0:
-        return 0
+        return 0, 0
     steps = batch.steps[rows]
     lines = batch.first_line + rows
 
@@ -117,11 +119,11 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
         for i in bad_h))
 
     if ctx.local_batch is None or not 0 <= ctx.rank < ctx.world_size:
-        return 0
+        return 0, 0
     expected = semantics.shard_block(ctx.geometry, ctx.seed, steps, ctx.rank, ctx.world_size)
     expected_hash = semantics.ids_hashes(expected)
     found: list[Anomaly] = []
-    mismatches = 0
+    mismatches = reordered = 0
     for i in range(rows.size):
         ids = logged[i]
         if ids is None:
@@ -142,6 +144,7 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
                     actual=f"{count[i]} IDs, hash {semantics.format_hash(int(hashes[i]))}"))
             continue
         if ids.size == expected[i].size and np.array_equal(np.sort(ids), np.sort(expected[i])):
+            reordered += not np.array_equal(ids, expected[i])
             continue
         mismatches += 1
         if len(found) < sink.wants("shard_mismatch"):
@@ -156,4 +159,4 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
                 epoch=int(steps[i] // s), sample_ids=tuple(unexpected[:_SHOW] or absent[:_SHOW]),
                 expected=format_ids(expected[i], 32), actual=format_ids(ids, 32)))
     sink.add_many("shard_mismatch", mismatches, found)
-    return int(rows.size)
+    return int(rows.size), reordered

@@ -150,3 +150,13 @@ def test_report_of_a_failing_run_skips_the_self_test(runs: dict[str, Path], tmp_
     write_report(verify(runs["bad"], series=True), tmp_path / "r")
     report = (tmp_path / "r" / "report.md").read_text()
     assert "Not run: the run does not pass" in report and "`duplicate_sample`" in report
+
+
+def test_reordered_ids_pass_with_a_warning(runs: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "shuffled"
+    outcome = apply("shuffle_ids_in_record", runs["good"], target, random.Random(3))
+    assert outcome is not None
+    run = verify(target).runs[0]
+    assert run.verdict == "PASS"
+    assert [w.message for w in run.warnings if w.kind == "sample_order"] == [
+        "1 record logged their shard's IDs in another order (the same samples)"]
