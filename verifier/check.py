@@ -303,7 +303,9 @@ class _RunCheck:
                 self._steps(chain_sets)
                 if self.samples is not None:
                     self._judge_epochs(self.samples.finish_all())
-                    self._samples()
+        # Epochs judged before the logs became unreadable were complete: their witnesses count.
+        if self.epoch_verdicts:
+            self._samples()
         if self.late_records:
             self.notes.append(Note(
                 kind="late_records",

@@ -127,3 +127,18 @@ def test_latest_pointer_without_an_event_is_a_warning(run: Path) -> None:
     result = verify_run(run)
     assert result.verdict == "PASS"
     assert any(w.kind == "latest" and "step 999" in w.message for w in result.warnings)
+
+
+def test_epoch_judged_before_a_schema_error_still_fails(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", dataset_size=40, global_batch=4, target_steps=60,
+                   world_sizes=(2,), log_ids=True).root
+    log = run / "logs/attempt-000/rank-000.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    first, second = json.loads(lines[0]), json.loads(lines[1])
+    first["sample_ids"][0] = second["sample_ids"][0]  # epoch 0 consumes a sample twice
+    lines[0] = json.dumps(first).encode()
+    lines[-3] = b"not json"  # far into the last epoch
+    log.write_bytes(b"\n".join(lines))
+    result = verify_run(run)
+    assert result.verdict == "FAIL" and result.unknown
+    assert {"duplicate_sample", "missing_sample", "hash_mismatch"} <= set(result.anomaly_counts)
