@@ -20,8 +20,8 @@ from verifier import render_text, verify_run
 from verifier.generate import RunSpec, committed_steps, generate_run
 from verifier.mutations import CATALOGUE, apply, judge
 
-# Each example is cheap (a few small files), so these run four times the profile's examples.
-MANY = settings(max_examples=4 * settings.default.max_examples)
+# Each example is cheap (a few small files): at least 240 of them even in the ci profile.
+MANY = settings(max_examples=max(240, settings.default.max_examples))
 
 
 @MANY
