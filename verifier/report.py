@@ -264,7 +264,8 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
                 if value is None:
                     continue
                 shown = f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
-                out.append(f"| {name} | {shown} |")
+                unit = " s" if name.endswith("_s") else " steps/s" if name == "goodput" else ""
+                out.append(f"| {name} | {shown}{unit} |")
             out.append("")
         for image in (plots or {}).get(run.path, []):
             out += [f"![{Path(image).stem}]({image})", ""]
@@ -394,4 +395,7 @@ def write_report(result: VerifyResult, directory: str | Path, *,
     atomic_write_text(target / "report.json", json.dumps(_clean(data), indent=2) + "\n")
     atomic_write_text(target / "report.md",
                       render_markdown(result, plots=plots, self_tests=tests) + "\n")
+    # Atomic writes go through a private (0600) temporary file; a report is meant to be shared.
+    for name in ("report.json", "report.md"):
+        (target / name).chmod(0o644)
     return [target / "report.md", target / "report.json", *written]
