@@ -55,7 +55,10 @@ __all__ = [
     "permuted_positions",
     "window",
     "shard",
+    "shard_block",
+    "shard_hashes",
     "ids_hash",
+    "ids_hashes",
     "format_hash",
     "parse_hash",
     "combine_hashes",
@@ -287,6 +290,48 @@ def shard(
     return permuted_positions(geometry, seed, epoch, start, start + local)
 
 
+def shard_block(
+    geometry: Geometry, seed: int, global_steps: npt.ArrayLike, rank: int, world_size: int
+) -> IdArray:
+    """Row ``i`` is the shard ``rank`` of ``world_size`` consumes at ``global_steps[i]``.
+
+    The same IDs as :func:`shard` step by step, computed in one vectorised pass per epoch the
+    steps touch: a checker that validates millions of steps cannot pay numpy's per-call
+    overhead once per step. Steps may come in any order and repeat; shape is ``(n, B / W)``.
+    """
+    local = geometry.local_batch(world_size)
+    r = _check_int("rank", rank, low=0, high=world_size - 1)
+    steps = np.asarray(global_steps, dtype=np.int64).ravel()
+    out = np.empty((steps.size, local), dtype=np.int64)
+    if steps.size == 0:
+        return out
+    if steps.min() < 0:
+        raise SemanticsError(f"global steps must be non-negative, got {int(steps.min())}")
+    s = geometry.steps_per_epoch
+    b = geometry.global_batch
+    epochs = steps // s
+    offsets = np.arange(local, dtype=np.int64) + r * local
+    # Sorted input (the common case) is split into epoch runs without a sort.
+    ordered = bool(np.all(epochs[1:] >= epochs[:-1]))
+    order = None if ordered else np.argsort(epochs, kind="stable")
+    sorted_epochs = epochs if order is None else epochs[order]
+    bounds = np.flatnonzero(sorted_epochs[1:] != sorted_epochs[:-1]) + 1
+    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), steps.size], strict=True):
+        epoch = int(sorted_epochs[lo])
+        rows = slice(lo, hi) if order is None else order[lo:hi]
+        cursors = steps[rows] - epoch * s
+        perm = epoch_permutation(dataset_size=geometry.dataset_size, seed=seed, epoch=epoch)
+        out[rows] = perm(cursors[:, None] * b + offsets[None, :])
+    return out
+
+
+def shard_hashes(
+    geometry: Geometry, seed: int, global_steps: npt.ArrayLike, rank: int, world_size: int
+) -> npt.NDArray[np.uint64]:
+    """:func:`ids_hash` of each row of :func:`shard_block` (what a hash-only log must record)."""
+    return ids_hashes(shard_block(geometry, seed, global_steps, rank, world_size))
+
+
 def ids_hash(ids: npt.ArrayLike) -> int:
     """``sum(mix64(i) for i in ids) mod 2^64`` (order-independent, additive over shards)."""
     arr = np.asarray(ids)
@@ -294,6 +339,16 @@ def ids_hash(ids: npt.ArrayLike) -> int:
         return 0
     # np.sum over uint64 wraps mod 2^64, which is exactly the multiset hash's addition.
     return int(mix64(arr.astype(np.uint64)).sum(dtype=np.uint64))
+
+
+def ids_hashes(rows: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    """:func:`ids_hash` of each row of a 2-D array of IDs, in one vectorised pass."""
+    arr = np.asarray(rows)
+    if arr.ndim != 2:
+        raise SemanticsError(f"ids_hashes takes a 2-D array of IDs, got shape {arr.shape}")
+    if arr.shape[1] == 0:
+        return np.zeros(arr.shape[0], dtype=np.uint64)
+    return mix64(arr).sum(axis=1, dtype=np.uint64)
 
 
 def format_hash(value: int) -> str:

@@ -1,10 +1,12 @@
-"""``ecrl-verify PATH``: verify a run directory, or every run under PATH."""
+"""``ecrl-verify PATH``: verify a run directory, or every run under PATH (thin entry point)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+
+from ecrl.errors import EcrlError
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
@@ -16,16 +18,41 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0 PASS, 1 FAIL, 2 UNKNOWN (logs cannot support a verdict).",
     )
     parser.add_argument("path", metavar="PATH", help="a run directory or a folder of runs")
-    parser.add_argument("--format", choices=["text", "json", "junit"], default="text")
-    parser.add_argument("--reference", metavar="RUN", help="reference run for loss divergence")
-    parser.add_argument("--report", metavar="DIR", help="write markdown, JSON and PNG plots here")
+    parser.add_argument("--format", choices=["text", "json", "junit"], default="text",
+                        help="output on stdout: text for people (default), json, or junit XML")
+    parser.add_argument("--reference", metavar="RUN",
+                        help="reference run for loss divergence (max/mean |loss difference|)")
+    parser.add_argument("--report", metavar="DIR",
+                        help="write report.md, report.json and PNG plots here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print("ecrl-verify: not built yet (issue #4, verifier)", file=sys.stderr)
-    return EXIT_UNKNOWN
+    args = build_parser().parse_args(argv)
+    from verifier import render_json, render_junit, render_text, verify, write_report
+
+    def progress(message: str) -> None:
+        print(f"[ecrl-verify] {message}", file=sys.stderr, flush=True)
+
+    try:
+        result = verify(args.path, reference=args.reference, series=bool(args.report),
+                        progress=progress if sys.stderr.isatty() else None)
+        render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
+        print(render(result))
+        if args.report:
+            written = write_report(result, args.report)
+            print(f"ecrl-verify: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    except EcrlError as exc:
+        print(f"ecrl-verify: error: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except OSError as exc:
+        print(f"ecrl-verify: error: {exc.filename or args.path}: {exc.strerror}",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    except KeyboardInterrupt:
+        print("ecrl-verify: interrupted", file=sys.stderr)
+        return 130
+    return result.exit_code
 
 
 if __name__ == "__main__":

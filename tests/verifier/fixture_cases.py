@@ -1,0 +1,211 @@
+"""The cases behind ``fixtures/runs/<case>/``: how each run was made and what it must yield.
+
+Expectations are written here by hand from the definition of each damage, not recorded from the
+verifier. Regenerate the fixtures after changing a case::
+
+    .venv/bin/python tests/verifier/fixture_cases.py fixtures/runs
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verifier.generate import RunSpec, generate_run
+from verifier.mutations import apply
+
+# A small elastic run: 2 ranks, then 1, then 2 (D = 40, B = 4: 10 steps per epoch).
+BASE: dict[str, Any] = dict(dataset_size=40, global_batch=4, target_steps=24,
+                            world_sizes=(2, 1, 2), fail_at=(7, 15), ckpt_every=3,
+                            strategy="blocking", chaos=5, seed=11)
+HASH = dict(BASE, log_ids=False)
+IDS = dict(BASE, log_ids=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    description: str
+    spec: dict[str, Any]
+    verdict: str
+    kinds: frozenset[str] = frozenset()
+    mutation: str | None = None
+    seed: int = 0
+    damage: Callable[[Path], None] | None = field(default=None, repr=False)
+
+
+def _edit_json(name: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    def damage(root: Path) -> None:
+        path = root / name
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+    return damage
+
+
+def _empty_logs(root: Path) -> None:
+    for path in root.glob("logs/*/rank-*.jsonl"):
+        path.write_bytes(b"")
+
+
+CASES: list[Case] = [
+    # --- benign: these must PASS ---------------------------------------------------------
+    Case(name="pass-single-attempt", verdict="PASS",
+         description="one attempt of 2 ranks, no failure, full sample IDs",
+         spec=dict(IDS, world_sizes=(2,), fail_at=())),
+    Case(name="pass-replayed-steps", verdict="PASS",
+         description="two failures; ranks logged steps past the checkpoint the next attempt "
+                     "resumed from (replayed work, not progress)",
+         spec=dict(IDS, world_sizes=(2,), chaos=8, torn=False)),
+    Case(name="pass-torn-tail", verdict="PASS",
+         description="a crashed attempt's logs end with torn lines (a warning, not an error)",
+         spec=dict(IDS, chaos=2)),
+    Case(name="pass-elastic-2-to-1", verdict="PASS",
+         description="resume at world size 1 after 2 ranks",
+         spec=dict(IDS, world_sizes=(2, 1), fail_at=(9,))),
+    Case(name="pass-elastic-1-to-2", verdict="PASS",
+         description="resume at world size 2 after 1 rank",
+         spec=dict(IDS, world_sizes=(1, 2), fail_at=(9,))),
+    Case(name="pass-hash-only", verdict="PASS",
+         description="hash-only logs (count + multiset hash per shard), world sizes 4, 2, 4",
+         spec=dict(HASH, world_sizes=(4, 2, 4))),
+    Case(name="pass-lost-overlapped-write", verdict="PASS",
+         description="overlapped checkpoint at the failure step never became durable: the next "
+                     "attempt resumes from the one before",
+         spec=dict(IDS, strategy="overlapped", fail_at=(8, 17), chaos=0)),
+    Case(name="pass-fresh-restart", verdict="PASS",
+         description="failure before the first checkpoint: the next attempt starts at step 0",
+         spec=dict(IDS, ckpt_every=0, strategy="none", fail_at=(5,), world_sizes=(2, 1))),
+    # --- one anomaly kind each (with what it necessarily brings along) --------------------
+    Case(name="resume-skipped-step", verdict="FAIL", mutation="skip_step_at_resume",
+         kinds=frozenset({"resume_mismatch", "missing_step"}),
+         description="a resumed attempt starts one step late: the skipped step is missing",
+         spec=HASH),
+    Case(name="resume-repeated-step", verdict="FAIL", mutation="repeat_step_at_resume",
+         kinds=frozenset({"resume_mismatch", "duplicate_step"}),
+         description="a resumed attempt runs its checkpoint's step again: committed twice",
+         spec=HASH),
+    Case(name="unknown-checkpoint", verdict="FAIL", mutation="drop_checkpoint_event",
+         kinds=frozenset({"unknown_checkpoint"}),
+         description="the checkpoint an attempt resumed from was never recorded",
+         spec=HASH),
+    Case(name="missing-step", verdict="FAIL", mutation="truncate_final_attempt",
+         kinds=frozenset({"missing_step"}),
+         description="the final attempt stops before the target step",
+         spec=HASH),
+    Case(name="extra-step", verdict="FAIL", mutation="extra_step",
+         kinds=frozenset({"extra_step"}),
+         description="the final attempt runs one step past the target",
+         spec=HASH),
+    Case(name="missing-record", verdict="FAIL", mutation="drop_record", seed=3,
+         kinds=frozenset({"missing_record"}),
+         description="one rank's record of a committed step is gone",
+         spec=dict(HASH, world_sizes=(2,))),
+    Case(name="duplicate-record", verdict="FAIL", mutation="repeat_record",
+         kinds=frozenset({"duplicate_record"}),
+         description="a rank logged a committed step twice",
+         spec=HASH),
+    Case(name="step-order", verdict="FAIL", mutation="reorder_records",
+         kinds=frozenset({"step_order"}),
+         description="two adjacent committed records swapped: the rank went backwards",
+         spec=HASH),
+    Case(name="misplaced-record", verdict="FAIL", mutation="rank_collision",
+         kinds=frozenset({"misplaced_record"}),
+         description="a record claims another rank than its file's (rank collision)",
+         spec=HASH),
+    Case(name="stray-rank-file", verdict="FAIL", mutation="stray_rank_file",
+         kinds=frozenset({"misplaced_record"}),
+         description="a log for a rank outside its attempt's world",
+         spec=HASH),
+    Case(name="world-size-mismatch", verdict="FAIL", mutation="wrong_world_size",
+         kinds=frozenset({"world_size_mismatch"}),
+         description="a record's world_size differs from its attempt's",
+         spec=HASH),
+    Case(name="wrong-cursor", verdict="FAIL", mutation="wrong_cursor",
+         kinds=frozenset({"wrong_cursor"}),
+         description="a record's cursor_step is not global_step mod S",
+         spec=HASH),
+    Case(name="shard-mismatch-hash", verdict="FAIL", mutation="swap_shards",
+         kinds=frozenset({"shard_mismatch"}),
+         description="two steps of an epoch swapped their shards (hash-only logs)",
+         spec=HASH),
+    Case(name="shard-mismatch-ids", verdict="FAIL", mutation="swap_ids",
+         kinds=frozenset({"shard_mismatch"}),
+         description="one sample swapped between two steps of an epoch: every epoch still has "
+                     "each sample once, but two steps consumed the wrong window",
+         spec=IDS),
+    Case(name="hash-mismatch", verdict="FAIL", mutation="tamper_hash",
+         kinds=frozenset({"hash_mismatch"}),
+         description="a record's hash does not describe its own sample IDs",
+         spec=IDS),
+    Case(name="duplicate-sample", verdict="FAIL", mutation="duplicate_id",
+         kinds=frozenset({"duplicate_sample", "missing_sample", "shard_mismatch"}),
+         description="a step consumed a sample another step of the epoch consumed, instead of "
+                     "one of its own",
+         spec=IDS),
+    Case(name="missing-sample", verdict="FAIL", mutation="drop_record", seed=3,
+         kinds=frozenset({"missing_record", "missing_sample"}),
+         description="a lost record: its samples were never consumed",
+         spec=dict(IDS, world_sizes=(2,))),
+    Case(name="extra-sample", verdict="FAIL", mutation="out_of_range_id",
+         kinds=frozenset({"extra_sample", "missing_sample", "shard_mismatch"}),
+         description="a step consumed a sample ID outside the dataset instead of one of its own",
+         spec=IDS),
+    # --- the logs cannot support a verdict --------------------------------------------------
+    Case(name="unknown-missing-manifest", verdict="UNKNOWN",
+         description="run.json is missing", spec=HASH,
+         damage=lambda root: (root / "run.json").unlink()),
+    Case(name="unknown-torn-completed", verdict="UNKNOWN", mutation="tear_completed_line",
+         description="a torn last line in an attempt that completed", spec=HASH),
+    Case(name="unknown-garbage-line", verdict="UNKNOWN", mutation="garbage_line", seed=1,
+         description="a malformed line in the middle of a log", spec=HASH),
+    Case(name="unknown-empty-lineage", verdict="UNKNOWN",
+         description="every rank log is empty: nothing was checked", spec=HASH,
+         damage=_empty_logs),
+    Case(name="unknown-permutation", verdict="UNKNOWN",
+         description="the run used another permutation than this verifier implements",
+         spec=HASH, damage=_edit_json("run.json", lambda d: d.update(
+             permutation={"algorithm": "torch-randperm", "version": 1}))),
+]
+
+
+def build(case: Case, target: Path) -> None:
+    """Write ``target`` (the run) and ``target/expected.json``."""
+    shutil.rmtree(target, ignore_errors=True)
+    scratch = target.with_name(target.name + ".clean")
+    shutil.rmtree(scratch, ignore_errors=True)
+    generate_run(RunSpec(**case.spec), scratch)
+    if case.mutation is not None:
+        outcome = apply(case.mutation, scratch, target, random.Random(case.seed))
+        if outcome is None:
+            raise SystemExit(f"{case.name}: mutation {case.mutation} does not apply")
+        where = outcome.where
+    else:
+        shutil.copytree(scratch, target)
+        where = None
+    shutil.rmtree(scratch)
+    if case.damage is not None:
+        case.damage(target)
+    expected = {"verdict": case.verdict, "kinds": sorted(case.kinds),
+                "description": case.description, "mutation": case.mutation, "where": where}
+    (target / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else "fixtures/runs")
+    root.mkdir(parents=True, exist_ok=True)
+    for case in CASES:
+        build(case, root / case.name)
+        print(f"{case.name}: {case.verdict} {sorted(case.kinds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

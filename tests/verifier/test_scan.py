@@ -1,0 +1,195 @@
+"""The step-log scanner: the fast path never reads a block differently from the slow path."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from ecrl import semantics
+from ecrl.errors import RunFormatError
+from ecrl.runformat import StepRecord
+from verifier._scan import PREFIX_KEYS, RankLog
+from verifier.generate import RunSpec, generate_run
+
+GEOMETRY = semantics.Geometry(dataset_size=40, global_batch=4)
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, bytes]:
+    """One rank log (attempt 1, rank 1 of 2, steps 5..) with and without sample IDs."""
+    out = {}
+    for ids in (True, False):
+        spec = RunSpec(dataset_size=40, global_batch=4, target_steps=30, world_sizes=(1, 2),
+                       fail_at=(6,), ckpt_every=5, log_ids=ids, chaos=1, seed=3)
+        run = generate_run(spec, tmp_path_factory.mktemp("scan") / "run")
+        out[ids] = run.paths.rank_log(1, 1).read_bytes()
+    return out
+
+
+def read(path: Path, *, log_ids: bool, fast: bool, block: int, torn_ok: bool = False
+         ) -> tuple[list[tuple[Any, ...]], int]:
+    """Every record as a tuple of all its fields, as either path reads it."""
+    log = RankLog(path, attempt=1, rank=1, world_size=2, local_batch=2, geometry=GEOMETRY,
+                  seed=3, torn_ok=torn_ok, start_step=5, log_ids=log_ids, want_loss=True,
+                  block=block, fast=fast)
+    rows: list[tuple[Any, ...]] = []
+    for batch in log.batches():
+        for i in range(len(batch)):
+            step = int(batch.steps[i])
+            if batch.fast:
+                epoch, cursor = GEOMETRY.locate(step)
+                ints = (1, step, epoch, cursor, 1, 2, 2, 2)
+                digest = int(semantics.shard_hashes(GEOMETRY, 3, [step], 1, 2)[0])
+            else:
+                assert batch.ints is not None and batch.hashes is not None
+                ints = tuple(int(x) for x in batch.ints[i])
+                digest = int(batch.hashes[i])
+            assert batch.loss is not None
+            loss = float(batch.loss[i])
+            if batch.id_block is not None:
+                ids = batch.id_block[i]
+            else:
+                ids = batch.ids[i] if batch.ids is not None else None
+            rows.append((batch.first_line + i, *ints, digest, None if math.isnan(loss) else loss,
+                         float(batch.time[i]), None if ids is None else tuple(ids.tolist())))
+    return rows, log.fast_records
+
+
+def outcome(path: Path, **kwargs: Any) -> tuple[str, Any]:
+    try:
+        rows, _ = read(path, **kwargs)
+    except RunFormatError as exc:
+        return "error", str(exc)
+    return "ok", rows
+
+
+def test_prefix_keys_are_what_the_writer_writes_first() -> None:
+    record = StepRecord(attempt=0, global_step=0, epoch=0, cursor_step=0, rank=0, world_size=1,
+                        local_batch=1, sample_ids_count=1, sample_ids_hash="0" * 16, loss=1.0,
+                        time=0.0, sample_ids=[3], extra={"step_s": 0.1})
+    assert tuple(record.to_dict())[:10] == PREFIX_KEYS
+
+
+@pytest.mark.parametrize("ids", [True, False])
+@pytest.mark.parametrize("block", [64, 300, 1 << 20])
+def test_runtime_output_takes_the_fast_path(logs: dict[bool, bytes], tmp_path: Path, ids: bool,
+                                            block: int) -> None:
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[ids])
+    fast_rows, fast = read(path, log_ids=ids, fast=True, block=block)
+    slow_rows, none = read(path, log_ids=ids, fast=False, block=block)
+    assert fast_rows == slow_rows and len(fast_rows) == logs[ids].count(b"\n")
+    assert none == 0
+    assert fast == len(fast_rows) or block == 64  # a 64-byte block never holds a whole line
+
+
+EDIT_BYTES = b'{}[]",:0123456789abcdefnlrstu -.\n\\'
+
+
+@st.composite
+def edits(draw: st.DrawFn) -> list[tuple[int, str, bytes]]:
+    ops = []
+    for _ in range(draw(st.integers(1, 4))):
+        ops.append((draw(st.integers(0, 10**6)),
+                    draw(st.sampled_from(["replace", "insert", "delete"])),
+                    draw(st.binary(min_size=1, max_size=3).map(
+                        lambda b: bytes(EDIT_BYTES[x % len(EDIT_BYTES)] for x in b)))))
+    return ops
+
+
+def edited(data: bytes, ops: list[tuple[int, str, bytes]]) -> bytes:
+    buf = bytearray(data)
+    for position, op, payload in ops:
+        at = position % (len(buf) + 1)
+        if op == "replace":
+            buf[at : at + len(payload)] = payload
+        elif op == "insert":
+            buf[at:at] = payload
+        else:
+            del buf[at : at + len(payload)]
+    return bytes(buf)
+
+
+TRICKY = [
+    (b'"sample_ids_hash":"', b'"sample_ids_hash":"0'),     # one hash digit too many
+    (b'"loss":', b'"global_step":99,"loss":'),             # a checked key repeated later
+    (b'"step_s":0.05}', b'"step_s":0.05,}'),               # trailing comma
+    (b',"loss":', b',}{"loss":'),                          # an object split in two
+    (b'"step_s":0.05}', b'"step_s":"}{"}'),                # braces inside a string
+    (b'"loss":', b'"loss":true,"x":'),                     # a bool where a number belongs
+    (b'"loss":', b'"loss":null,"x":'),                     # null loss is allowed
+    (b'"time":', b'"time":"1",'),                          # a string time
+    (b'"step_s":0.05}', b'"step_s":0.05}\r'),              # a carriage return
+    (b'"step_s":0.05}', b'"step_s":[0.05,'),               # an array left open
+]
+
+
+@pytest.mark.parametrize(("old", "new"), TRICKY)
+@pytest.mark.parametrize("everywhere", [False, True])
+def test_tricky_edits_read_the_same_both_ways(logs: dict[bool, bytes], tmp_path: Path, old: bytes,
+                                             new: bytes, everywhere: bool) -> None:
+    data = logs[False]
+    data = data.replace(old, new) if everywhere else data.replace(old, new, 1)
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(data)
+    for block in (200, 1 << 20):
+        assert outcome(path, log_ids=False, fast=True, block=block) == \
+            outcome(path, log_ids=False, fast=False, block=block)
+
+
+@given(st.booleans(), edits(), st.sampled_from([97, 1000, 1 << 20]), st.booleans())
+@example(False, [(5, "replace", b"}")], 1 << 20, False)
+def test_fast_path_never_reads_differently(logs: dict[bool, bytes], tmp_path_factory: Any,
+                                           ids: bool, ops: list[tuple[int, str, bytes]],
+                                           block: int, torn_ok: bool) -> None:
+    path = tmp_path_factory.mktemp("edit") / "rank-001.jsonl"
+    path.write_bytes(edited(logs[ids], ops))
+    kwargs = {"log_ids": ids, "block": block, "torn_ok": torn_ok}
+    assert outcome(path, fast=True, **kwargs) == outcome(path, fast=False, **kwargs)
+
+
+def test_torn_tail_is_tolerated_only_after_a_crash(logs: dict[bool, bytes], tmp_path: Path
+                                                   ) -> None:
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[False] + b'{"schema_version":1,"att')
+    lines = logs[False].count(b"\n")
+    log = RankLog(path, attempt=1, rank=1, world_size=2, local_batch=2, geometry=GEOMETRY,
+                  seed=3, torn_ok=True, start_step=5, log_ids=False, want_loss=False)
+    assert sum(len(b) for b in log.batches()) == lines
+    assert log.torn == (lines + 1, '{"schema_version":1,"att')
+    with pytest.raises(RunFormatError, match=rf"rank-001.jsonl:{lines + 1}: last line is "
+                                             "incomplete"):
+        read(path, log_ids=False, fast=True, block=1 << 20)
+
+
+def test_empty_line_is_an_error_at_its_line(logs: dict[bool, bytes], tmp_path: Path) -> None:
+    path = tmp_path / "rank-001.jsonl"
+    first, rest = logs[False].split(b"\n", 1)
+    path.write_bytes(first + b"\n\n" + rest)
+    with pytest.raises(RunFormatError, match=r"rank-001.jsonl:2: empty line"):
+        read(path, log_ids=False, fast=True, block=1 << 20)
+
+
+def test_huge_integers_are_a_schema_error(logs: dict[bool, bytes], tmp_path: Path) -> None:
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[False].replace(b'"epoch":', b'"epoch":18446744073709551615,"e":', 1))
+    assert outcome(path, log_ids=False, fast=True, block=1 << 20) == \
+        outcome(path, log_ids=False, fast=False, block=1 << 20)
+    data = logs[False].replace(b'"epoch":1,', b'"epoch":18446744073709551615,', 1)
+    path.write_bytes(data)
+    kind, message = outcome(path, log_ids=False, fast=True, block=1 << 20)
+    assert kind == "error" and "too large" in message
+
+
+def test_ids_beyond_int64_are_out_of_range(logs: dict[bool, bytes], tmp_path: Path) -> None:
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[True].replace(b'"sample_ids":[', b'"sample_ids":[18446744073709551615,',
+                                        1))
+    rows, _ = read(path, log_ids=True, fast=True, block=1 << 20)
+    assert rows[0][-1][0] == -1 and np.all(np.array(rows[1][-1]) >= 0)

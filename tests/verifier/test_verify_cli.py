@@ -1,0 +1,86 @@
+"""``ecrl-verify``: the flags (pinned), exit codes, output formats, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from verifier_helpers import make_run
+
+from verifier.mutations import apply
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "verifier.cli", *args], capture_output=True,
+                          text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("cli")
+    good = make_run(base / "runs" / "good", world_sizes=(1, 2), fail_at=(6,), ckpt_every=3,
+                    log_ids=False).root
+    apply("truncate_final_attempt", good, base / "runs" / "bad", random.Random(0))
+    (base / "broken" / "logs").mkdir(parents=True)
+    return base
+
+
+def test_flags_are_pinned() -> None:
+    out = cli("--help")
+    assert out.returncode == 0
+    assert out.stdout.startswith("usage: ecrl-verify [-h] [--format {text,json,junit}] "
+                                 "[--reference RUN]")
+    for flag in ("--format {text,json,junit}", "--reference RUN", "--report DIR", "PATH"):
+        assert flag in out.stdout
+
+
+@pytest.mark.parametrize(("target", "code", "first"), [
+    ("runs/good", 0, "PASS"), ("runs/bad", 1, "FAIL"), ("broken", 2, "UNKNOWN"),
+    ("runs", 1, "FAIL"),
+])
+def test_exit_codes(runs: Path, target: str, code: int, first: str) -> None:
+    out = cli(str(runs / target))
+    assert out.returncode == code, out.stdout + out.stderr
+    assert out.stdout.startswith(first)
+    assert "Traceback" not in out.stderr
+
+
+def test_json_and_junit(runs: Path) -> None:
+    out = cli(str(runs / "runs"), "--format", "json")
+    data = json.loads(out.stdout)
+    assert data["verdict"] == "FAIL" and [r["verdict"] for r in data["runs"]] == ["FAIL", "PASS"]
+    assert out.returncode == 1
+    out = cli(str(runs / "runs" / "good"), "--format", "junit")
+    assert out.returncode == 0
+    assert ET.fromstring(out.stdout).get("failures") == "0"
+
+
+@pytest.mark.parametrize("args", [
+    ["/no/such/run"], ["{file}"], ["{good}", "--reference", "/no/such/ref"],
+    ["{empty}"],
+])
+def test_bad_input_is_one_line_and_exit_2(runs: Path, tmp_path: Path, args: list[str]) -> None:
+    file = tmp_path / "file.txt"
+    file.write_text("x")
+    (tmp_path / "empty").mkdir()
+    args = [a.format(file=file, good=runs / "runs" / "good", empty=tmp_path / "empty")
+            for a in args]
+    out = cli(*args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr + out.stdout
+    message = (out.stderr + out.stdout).strip()
+    assert len(message.splitlines()) == 1, message
+
+
+def test_report_flag_writes_the_report(runs: Path, tmp_path: Path) -> None:
+    out = cli(str(runs / "runs" / "good"), "--report", str(tmp_path / "rep"),
+              "--reference", str(runs / "runs" / "good"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "rep" / "report.md").is_file()
+    assert (tmp_path / "rep" / "loss.png").is_file()
+    assert "wrote" in out.stderr

@@ -1,0 +1,90 @@
+"""Hypothesis suites: every generated correct run passes; every mutation gets its verdict.
+
+The ``ci`` profile keeps these to a few dozen examples; ``make test-long`` (profile ``long``)
+runs thousands.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+from verifier_helpers import run_specs
+
+from verifier import render_text, verify_run
+from verifier.generate import RunSpec, committed_steps, generate_run
+from verifier.mutations import CATALOGUE, apply, judge
+
+# Each example is cheap (a few small files): at least 240 of them even in the ci profile.
+MANY = settings(max_examples=max(240, settings.default.max_examples))
+
+
+@MANY
+@given(run_specs())
+def test_every_generated_run_passes(spec: RunSpec) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = generate_run(spec, Path(tmp) / "run")
+        result = verify_run(run.root)
+        note(render_text(result))
+        assert result.verdict == "PASS", render_text(result)
+        assert result.checked["committed_steps"] == spec.target_steps
+        assert result.metrics.committed_steps == committed_steps(run.attempts)
+        assert result.metrics.restarts == len(spec.fail_at)
+        assert result.metrics.replayed_steps == run.replayed_steps
+        assert result.checked["committed_records"] == run.committed_records
+        assert result.checked["records"] == run.records
+        assert result.checked["fast_path_records"] == run.records
+
+
+@MANY
+@given(run_specs(), st.sampled_from(CATALOGUE), st.integers(0, 2**32))
+def test_every_mutation_gets_its_verdict(spec: RunSpec, mutation: object, seed: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = generate_run(spec, Path(tmp) / "run")
+        outcome = apply(mutation, run.root, Path(tmp) / "mutant",  # type: ignore[arg-type]
+                        random.Random(seed))
+        if outcome is None:
+            return  # does not apply to this run (e.g. nothing replayed)
+        result = verify_run(Path(tmp) / "mutant")
+        note(f"{outcome}\n{render_text(result)}")
+        assert judge(outcome, result.verdict, list(result.anomaly_counts)), (
+            f"{outcome}\n{render_text(result)}")
+
+
+# Runs on which every mutation of the catalogue applies, so each is exercised in every test run.
+RICH = [
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
+            fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
+            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5),
+]
+
+
+@pytest.fixture(scope="module")
+def rich_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    base = tmp_path_factory.mktemp("rich")
+    return [generate_run(spec, base / f"run{i}").root for i, spec in enumerate(RICH)]
+
+
+@pytest.mark.parametrize("mutation", CATALOGUE, ids=lambda m: m.name)
+def test_each_mutation_on_rich_runs(mutation: object, rich_runs: list[Path],
+                                    tmp_path: Path) -> None:
+    applied = 0
+    for i, root in enumerate(rich_runs):
+        for seed in range(3):
+            target = tmp_path / f"m{i}-{seed}"
+            outcome = apply(mutation, root, target, random.Random(seed))  # type: ignore[arg-type]
+            if outcome is None:
+                shutil.rmtree(target, ignore_errors=True)
+                continue
+            applied += 1
+            result = verify_run(target)
+            assert judge(outcome, result.verdict, list(result.anomaly_counts)), (
+                f"{outcome}\n{render_text(result)}")
+            assert (result.verdict == "PASS") == (not mutation.harmful)  # type: ignore[attr-defined]
+    assert applied, "the mutation applied to none of the rich runs: the test would be vacuous"

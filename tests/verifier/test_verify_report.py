@@ -1,0 +1,162 @@
+"""Rendering: the JSON schema (pinned), JUnit XML, text (witness first, capped), the markdown
+report with its plots and the mutation catalogue's kill rate."""
+
+from __future__ import annotations
+
+import json
+import random
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from verifier_helpers import make_run
+
+from verifier import (
+    KINDS,
+    OBLIGATIONS,
+    render_json,
+    render_junit,
+    render_text,
+    verify,
+    write_report,
+)
+from verifier.mutations import apply
+
+TOP_KEYS = {"verdict", "path", "unknown", "runs"}
+RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
+            "metrics", "lineage", "log_ids"}
+ANOMALY_KEYS = {"kind", "obligation", "message", "file", "line", "attempt", "step", "rank",
+                "epoch", "sample_ids", "expected", "actual", "related", "count"}
+METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "wall_s", "goodput", "stall_s",
+               "write_s", "snapshot_s", "enqueue_s", "backpressure_s", "checkpoints", "records",
+               "restart_s", "lost_s", "loss_max_abs_diff", "loss_mean_abs_diff",
+               "loss_steps_compared"}
+ATTEMPT_KEYS = {"attempt", "world_size", "resumed_from_step", "status", "exit_code",
+                "first_step", "last_step", "committed", "records", "replayed_steps",
+                "start_time", "end_time"}
+WARNING_KEYS = {"kind", "message", "file", "line"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("report")
+    good = make_run(base / "good", world_sizes=(2, 1), fail_at=(9,), ckpt_every=4, chaos=2,
+                    torn=True).root
+    apply("duplicate_id", good, base / "bad", random.Random(1))
+    return {"good": good, "bad": base / "bad"}
+
+
+def test_json_schema_is_pinned(runs: dict[str, Path]) -> None:
+    data = json.loads(render_json(verify(runs["bad"])))
+    assert set(data) == TOP_KEYS and data["verdict"] == "FAIL"
+    run = data["runs"][0]
+    assert set(run) == RUN_KEYS
+    assert set(run["metrics"]) == METRIC_KEYS
+    assert {k for a in run["anomalies"] for k in a} == ANOMALY_KEYS
+    assert all(set(a) == ANOMALY_KEYS for a in run["anomalies"])
+    assert all(set(a) == ATTEMPT_KEYS for a in run["lineage"])
+    assert all(set(w) == WARNING_KEYS for w in run["warnings"])
+    assert {a["kind"] for a in run["anomalies"]} == set(run["anomaly_counts"])
+    assert "duplicate_sample" in run["anomaly_counts"]
+
+
+def test_duplicate_witness_names_both_records(runs: dict[str, Path]) -> None:
+    run = verify(runs["bad"]).runs[0]
+    dup = next(a for a in run.anomalies if a.kind == "duplicate_sample")
+    assert dup.file and dup.line and dup.step is not None and dup.rank is not None
+    assert len(dup.sample_ids) == 1 and len(dup.related) == 1
+    first = dup.related[0]
+    assert (first.file, first.line) != (dup.file, dup.line)
+    text = render_text(verify(runs["bad"]))
+    lines = text.splitlines()
+    assert lines[0].startswith("FAIL  ")
+    at = next(i for i, line in enumerate(lines) if "duplicate_sample" in line)
+    assert f"sample {dup.sample_ids[0]} was consumed twice" in lines[at + 1]
+    assert f"{dup.file}:{dup.line}" in lines[at + 2]
+
+
+def test_text_caps_long_lists(runs: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "many"
+    import shutil
+
+    shutil.copytree(runs["good"], target)
+    for path in target.glob("logs/*/rank-*.jsonl"):
+        path.write_bytes(path.read_bytes().replace(b'"epoch":', b'"epoch":1'))
+    result = verify(target)
+    run = result.runs[0]
+    assert run.anomaly_counts["wrong_cursor"] > 20
+    assert len([a for a in run.anomalies if a.kind == "wrong_cursor"]) == 20
+    text = render_text(result)
+    assert text.count("at ") >= 3 and "more witnesses" in text
+    assert f"({run.anomaly_counts['wrong_cursor']:,} items)" in text
+
+
+def test_pass_text_states_what_was_proved(runs: dict[str, Path]) -> None:
+    text = render_text(verify(runs["good"]))
+    assert text.startswith("PASS  ")
+    assert "committed exactly once across 2 attempts (1 restart, world size 2→1)" in text
+    assert "epochs without duplicate, missing or extra samples" in text
+    assert "goodput" in text and "torn last line ignored" in text
+
+
+def test_junit_has_a_case_per_obligation(runs: dict[str, Path]) -> None:
+    root = ET.fromstring(render_junit(verify(runs["bad"].parent)))
+    suites = root.findall("testsuite")
+    assert len(suites) == 2
+    for suite in suites:
+        cases = suite.findall("testcase")
+        assert len(cases) == 1 + len(OBLIGATIONS)
+        assert int(suite.get("tests", 0)) == len(cases)
+    bad = next(s for s in suites if s.get("name", "").endswith("bad"))
+    failed = [c.get("name", "").split(":")[0] for c in bad.findall("testcase")
+              if c.find("failure") is not None]
+    assert "epochs" in failed and "shards" in failed
+    assert int(root.get("failures", 0)) == len(failed)
+    good = next(s for s in suites if s.get("name", "").endswith("good"))
+    assert good.get("failures") == "0" and good.get("errors") == "0"
+
+
+def test_junit_reports_unknown_as_an_error(tmp_path: Path) -> None:
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    root = ET.fromstring(render_junit(verify(tmp_path / "run")))
+    assert root.get("errors") == "1"
+    error = root.find("testsuite/testcase/error")
+    assert error is not None and "run.json: file is missing" in error.get("message", "")
+
+
+def test_every_kind_belongs_to_an_obligation() -> None:
+    assert {k.obligation for k in KINDS.values()} == set(OBLIGATIONS)
+
+
+def test_markdown_json_and_plots(runs: dict[str, Path], tmp_path: Path) -> None:
+    result = verify(runs["good"], reference=runs["good"], series=True)
+    written = write_report(result, tmp_path / "report")
+    names = sorted(p.name for p in written)
+    assert names == ["loss.png", "progress.png", "report.json", "report.md", "stall.png"]
+    for png in (p for p in written if p.suffix == ".png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert report.startswith("# ecrl-verify report: PASS")
+    assert "![loss](loss.png)" in report and "### Lineage" in report
+    assert "kill rate 100%" in report
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    test = data["runs"][0]["mutation_self_test"]
+    assert test["killed"] == test["harmful"] > 10 and test["false_alarms"] == 0
+    assert data["runs"][0]["metrics"]["loss_max_abs_diff"] == 0.0
+
+
+def test_report_of_a_failing_run_skips_the_self_test(runs: dict[str, Path], tmp_path: Path
+                                                     ) -> None:
+    write_report(verify(runs["bad"], series=True), tmp_path / "r")
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "Not run: the run does not pass" in report and "`duplicate_sample`" in report
+
+
+def test_reordered_ids_pass_with_a_warning(runs: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "shuffled"
+    outcome = apply("shuffle_ids_in_record", runs["good"], target, random.Random(3))
+    assert outcome is not None
+    run = verify(target).runs[0]
+    assert run.verdict == "PASS"
+    assert [w.message for w in run.warnings if w.kind == "sample_order"] == [
+        "1 record logged their shard's IDs in another order (the same samples)"]

@@ -1,0 +1,153 @@
+"""The committed lineage: which attempt's records count as progress, for which steps.
+
+Attempt ``k`` that resumed from the checkpoint at step ``c`` continues the history of the attempt
+that *wrote* that checkpoint. Walking back from the final attempt through "loaded the checkpoint
+written by" links gives the chain of attempts whose work the final model carries. An attempt on
+the chain should run steps ``lo = c + 1`` (0 after a fresh start) up to ``hi``, the step of the
+checkpoint its successor on the chain loaded (the final attempt: to its end). Every record it
+logged up to ``hi`` is committed, so a step below ``lo`` run again is a duplicate, never ignored.
+Records of a chain attempt beyond ``hi``, and every record of an attempt off the chain, are
+replayed work.
+
+In every run where each attempt resumes from the newest durable checkpoint — what the supervisor
+does — the writer is the previous attempt (or an earlier one, when the previous attempt wrote no
+checkpoint), and this is exactly ARCHITECTURE.md's rule: "the records of each failed attempt up to
+and including the step its successor resumed from, and all records of the final attempt". The
+chain only differs when an attempt resumed from a checkpoint older than its predecessor's own
+starting point; then the predecessor's work is thrown away, not committed twice.
+
+Which checkpoints exist is read from the checkpoint events (``checkpoint_rank0.jsonl``): a resume
+from a step no earlier attempt recorded a checkpoint at is an ``unknown_checkpoint`` anomaly, and
+the lineage falls back to the previous attempt so that the rest of the check stays meaningful.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ecrl.runformat import SupervisorAttempt
+from verifier.anomalies import Anomaly, Note
+from verifier.schema import CheckpointRecord, torn_tail_ok
+
+__all__ = ["AttemptPlan", "Lineage", "build_lineage"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptPlan:
+    """What one attempt is expected to contribute, before its logs are read."""
+
+    attempt: int
+    world_size: int
+    resumed_from: int | None
+    """Step of the checkpoint it loaded (None: fresh start)."""
+    writer: int | None
+    """Attempt whose checkpoint it loaded."""
+    on_chain: bool
+    """Whether the final model carries this attempt's work."""
+    lo: int
+    """First step it commits (``resumed_from + 1``, or 0)."""
+    hi: int | None
+    """Last step it commits; None for the final attempt (no bound)."""
+    torn_ok: bool
+    """Whether a torn last line is expected (the attempt did not complete)."""
+    status: str
+    exit_code: int | None
+
+    def committed(self, step: int) -> bool:
+        """Whether a record of ``step`` in this attempt's logs belongs to the lineage.
+
+        No lower bound: a chain attempt that runs a step below ``lo`` (the checkpoint's step or
+        earlier) consumed that data again in the history the final model carries.
+        """
+        return self.on_chain and (self.hi is None or step <= self.hi)
+
+    @property
+    def commits_anything(self) -> bool:
+        return self.on_chain and (self.hi is None or self.hi >= self.lo)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lineage:
+    plans: tuple[AttemptPlan, ...]
+    anomalies: tuple[Anomaly, ...]
+    notes: tuple[Note, ...]
+
+    @property
+    def chain(self) -> list[AttemptPlan]:
+        """Attempts on the committed chain, oldest first."""
+        return [p for p in self.plans if p.on_chain]
+
+
+def _writer(checkpoints: Mapping[int, Sequence[CheckpointRecord]], step: int, before: int
+            ) -> int | None:
+    for attempt in range(before - 1, -1, -1):
+        if any(r.event.global_step == step for r in checkpoints.get(attempt, ())):
+            return attempt
+    return None
+
+
+def build_lineage(attempts: Sequence[SupervisorAttempt],
+                  checkpoints: Mapping[int, Sequence[CheckpointRecord]]) -> Lineage:
+    """Rebuild the chain of attempts from ``supervisor.json`` and the checkpoint events."""
+    anomalies: list[Anomaly] = []
+    notes: list[Note] = []
+    bounds: dict[int, tuple[int, int | None, int | None]] = {}
+    k: int | None = len(attempts) - 1
+    hi: int | None = None
+    while k is not None:
+        c = attempts[k].resumed_from_step
+        lo = 0 if c is None else c + 1
+        if c is None:
+            bounds[k] = (lo, hi, None)
+            break
+        writer = _writer(checkpoints, c, k)
+        if writer is None:
+            recorded = sorted({r.event.global_step for j in range(k)
+                               for r in checkpoints.get(j, ())})
+            shown = ", ".join(map(str, recorded[-8:])) or "none"
+            anomalies.append(Anomaly(
+                kind="unknown_checkpoint", file="supervisor.json", attempt=k, step=c,
+                message=f"attempt {k} resumed from step {c}, but no earlier attempt recorded a "
+                        f"checkpoint at step {c} (recorded: {shown})",
+                expected="a checkpoint event at step " + str(c), actual="none"))
+            writer = k - 1 if k > 0 else None
+        bounds[k] = (lo, hi, writer)
+        hi = c
+        k = writer
+    for a in attempts:
+        if a.attempt not in bounds:
+            later = min(j for j in bounds if j > a.attempt)
+            loaded = attempts[later].resumed_from_step
+            notes.append(Note(
+                kind="off_chain", file="supervisor.json",
+                message=f"attempt {a.attempt} is not in the committed lineage: attempt {later} "
+                        + ("started fresh" if loaded is None else
+                           f"resumed from step {loaded}, a checkpoint of attempt "
+                           f"{bounds[later][2]}")
+                        + f"; all of attempt {a.attempt}'s steps count as replayed"))
+    for a in attempts:
+        if a.attempt > 0 and a.resumed_from_step is None and any(
+                checkpoints.get(j) for j in range(a.attempt)):
+            notes.append(Note(
+                kind="fresh_restart", file="supervisor.json",
+                message=f"attempt {a.attempt} started fresh although earlier attempts recorded "
+                        "checkpoints; their progress was thrown away"))
+        prev = a.attempt - 1
+        here = a.resumed_from_step
+        there = attempts[prev].resumed_from_step if prev >= 0 else None
+        if here is not None and there is not None and here < there:
+            notes.append(Note(
+                kind="resume_backwards", file="supervisor.json",
+                message=f"attempt {a.attempt} resumed from step {here}, before the step "
+                        f"{there} attempt {prev} resumed from"))
+    plans = []
+    for a in attempts:
+        on_chain = a.attempt in bounds
+        start = 0 if a.resumed_from_step is None else a.resumed_from_step + 1
+        lo, hi_k, writer = bounds.get(a.attempt, (start, start - 1, None))
+        plans.append(AttemptPlan(
+            attempt=a.attempt, world_size=a.world_size, resumed_from=a.resumed_from_step,
+            writer=writer, on_chain=on_chain, lo=lo, hi=hi_k, torn_ok=torn_tail_ok(a),
+            status=a.status, exit_code=a.exit_code))
+    return Lineage(plans=tuple(plans), anomalies=tuple(anomalies), notes=tuple(notes))

@@ -1,0 +1,401 @@
+"""Rendering results: text for people, JSON and JUnit XML for tools, a markdown report with plots.
+
+Only this module formats results. Text leads with the verdict, then for each anomaly kind its
+first witness (the record, ``file:line``, attempt, step, rank, sample IDs), then its scope (how
+many items, how many more witnesses), so the first lines of a failure say what went wrong and
+where. Long lists are capped and say how many were cut.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from ecrl.atomicio import atomic_write_text
+from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
+from verifier.result import RunResult, VerifyResult
+
+__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
+           "SELF_TEST_MAX_RECORDS"]
+
+WITNESSES_SHOWN = 3
+WARNINGS_SHOWN = 5
+SELF_TEST_MAX_RECORDS = 50_000
+"""``write_report`` runs the mutation catalogue on runs up to this many records."""
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+
+
+def _join(run: RunResult, file: str | None) -> str | None:
+    if file is None:
+        return None
+    return str(Path(run.path) / file)
+
+
+def _at(run: RunResult, a: Anomaly) -> str:
+    where = _join(run, a.file)
+    parts = []
+    if where is not None:
+        parts.append(where if a.line is None else f"{where}:{a.line}")
+    facts = [f"{name} {value}" for name, value in
+             (("attempt", a.attempt), ("step", a.step), ("rank", a.rank), ("epoch", a.epoch))
+             if value is not None]
+    if facts:
+        parts.append("(" + ", ".join(facts) + ")")
+    return " ".join(parts)
+
+
+def _note(run: RunResult, note: Note) -> str:
+    where = _join(run, note.file)
+    if where is None:
+        return note.message
+    return f"{where}{'' if note.line is None else f':{note.line}'}: {note.message}"
+
+
+def _world_sizes(run: RunResult) -> str:
+    sizes = [str(a.world_size) for a in run.lineage]
+    compact = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
+    return "→".join(compact)
+
+
+def _proved(run: RunResult) -> list[str]:
+    c = run.checked
+    m = run.metrics
+    attempts = len(run.lineage)
+    lines = [
+        f"proved: steps 0..{c.get('target_steps', 0) - 1} committed exactly once across "
+        f"{attempts} attempt{'s' if attempts != 1 else ''} "
+        f"({m.restarts} restart{'s' if m.restarts != 1 else ''}, world size "
+        f"{_world_sizes(run)}); {c.get('shards', 0):,} shards equal their windows"
+        + (" (sample IDs)" if run.log_ids else " (count + hash)"),
+    ]
+    if run.log_ids:
+        lines.append(f"proved: {c.get('epochs', 0)} epoch{'s' if c.get('epochs') != 1 else ''} "
+                     "without duplicate, missing or extra samples")
+    return lines
+
+
+def _metrics_line(run: RunResult) -> str:
+    m = run.metrics
+    goodput = f"{m.goodput:.3g} steps/s" if m.goodput else "?"
+    return (f"metrics: {m.committed_steps:,} committed steps in {_seconds(m.wall_s)} (goodput "
+            f"{goodput}); {m.replayed_steps:,} replayed steps; {m.checkpoints} checkpoints, "
+            f"stall {_seconds(m.stall_s)} (snapshot {_seconds(m.snapshot_s)}, write "
+            f"{_seconds(m.write_s)})"
+            + (f"; loss vs reference: max |Δ| {m.loss_max_abs_diff:.3g}, mean "
+               f"{m.loss_mean_abs_diff:.3g} over {m.loss_steps_compared} steps"
+               if m.loss_max_abs_diff is not None and m.loss_mean_abs_diff is not None else ""))
+
+
+def _run_text(run: RunResult) -> list[str]:
+    out = [f"{run.verdict}  {run.path}"]
+    for reason in run.unknown:
+        out.append(f"  cannot verify: {reason}")
+    by_kind: dict[str, list[Anomaly]] = {}
+    for a in run.anomalies:
+        by_kind.setdefault(a.kind, []).append(a)
+    for kind, witnesses in by_kind.items():
+        total = run.anomaly_counts.get(kind, len(witnesses))
+        out.append(f"  ✗ {kind}: {KINDS[kind].summary} ({total:,} "
+                   f"item{'s' if total != 1 else ''})")
+        for a in witnesses[:WITNESSES_SHOWN]:
+            out.append(f"      {a.message}")
+            where = _at(run, a)
+            if where:
+                out.append(f"        at {where}")
+            for r in a.related[:2]:
+                rel = _join(run, r.file)
+                if rel is not None:
+                    out.append(f"        and {rel}" + (f":{r.line}" if r.line else ""))
+        cut = len(witnesses) - WITNESSES_SHOWN
+        if cut > 0:
+            out.append(f"      … {cut} more witness{'es' if cut != 1 else ''} in --format "
+                       f"json ({total:,} items in all)")
+    if run.verdict == "PASS":
+        out += ["  " + line for line in _proved(run)]
+    if run.lineage:
+        out.append("  " + _metrics_line(run))
+    if run.warnings:
+        out.append(f"  warnings ({len(run.warnings)}):")
+        out += [f"    {_note(run, w)}" for w in run.warnings[:WARNINGS_SHOWN]]
+        if len(run.warnings) > WARNINGS_SHOWN:
+            out.append(f"    … {len(run.warnings) - WARNINGS_SHOWN} more (--format json)")
+    return out
+
+
+def render_text(result: VerifyResult | RunResult) -> str:
+    """The report for people: verdict, witnesses first, then scope, metrics and warnings."""
+    if isinstance(result, RunResult):
+        return "\n".join(_run_text(result))
+    out: list[str] = []
+    for reason in result.unknown:
+        out.append(f"UNKNOWN  {reason}")
+    for run in result.runs:
+        out += _run_text(run)
+    if len(result.runs) > 1:
+        counts = {v: sum(r.verdict == v for r in result.runs) for v in ("PASS", "FAIL",
+                                                                        "UNKNOWN")}
+        out.append(f"{result.verdict}: {len(result.runs)} runs — "
+                   + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    return "\n".join(out)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def render_json(result: VerifyResult) -> str:
+    """``{"verdict", "runs": [{"path", "verdict", "anomalies", "warnings", "metrics", …}]}``."""
+    return json.dumps(_clean(result.as_dict()), indent=2)
+
+
+def render_junit(result: VerifyResult) -> str:
+    """JUnit XML: a test suite per run, a test case per proof obligation."""
+    suites = ET.Element("testsuites", name="ecrl-verify")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for reason in result.unknown:
+        suite = ET.SubElement(suites, "testsuite", name=result.path)
+        case = ET.SubElement(suite, "testcase", classname="ecrl-verify", name="runs found")
+        ET.SubElement(case, "error", message=reason).text = reason
+        suite.set("tests", "1")
+        suite.set("errors", "1")
+        totals["tests"] += 1
+        totals["errors"] += 1
+    for run in result.runs:
+        suite = ET.SubElement(suites, "testsuite", name=run.path)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        classname = "ecrl-verify." + Path(run.path).name.replace(".", "_")
+
+        case = ET.SubElement(suite, "testcase", classname=classname,
+                             name="readable: the logs support a verdict")
+        counts["tests"] += 1
+        if run.unknown:
+            text = "\n".join(run.unknown)
+            ET.SubElement(case, "error", message=run.unknown[0]).text = text
+            counts["errors"] += 1
+        for name, statement in OBLIGATIONS.items():
+            case = ET.SubElement(suite, "testcase", classname=classname,
+                                 name=f"{name}: {statement}")
+            counts["tests"] += 1
+            kinds = [k for k, v in KINDS.items() if v.obligation == name]
+            found = [a for a in run.anomalies if a.kind in kinds]
+            if found:
+                total = sum(run.anomaly_counts.get(k, 0) for k in kinds)
+                body = "\n".join(f"{a.kind}: {a.message} [{_at(run, a)}]" for a in found)
+                ET.SubElement(case, "failure", message=f"{total} anomalies: {found[0].message}",
+                              type=found[0].kind).text = body
+                counts["failures"] += 1
+            elif run.unknown:
+                ET.SubElement(case, "skipped", message="not checked: the logs cannot support "
+                                                       "a verdict")
+                counts["skipped"] += 1
+            elif name == "epochs" and not run.log_ids:
+                ET.SubElement(case, "skipped",
+                              message="hash-only logs: exactly-once per epoch follows from the "
+                                      "per-step window hashes (obligations steps and shards)")
+                counts["skipped"] += 1
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        suites.set(key, str(value))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode")
+
+
+# --- the markdown report ----------------------------------------------------------------------
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None = None,
+                    self_tests: dict[str, dict[str, Any]] | None = None) -> str:
+    """The report of ``--report DIR`` (plots and mutation self-tests are passed in)."""
+    out = [f"# ecrl-verify report: {result.verdict}", ""]
+    for reason in result.unknown:
+        out += [f"- cannot verify: {reason}", ""]
+    for run in result.runs:
+        out += [f"## {run.path}: {run.verdict}", ""]
+        for reason in run.unknown:
+            out.append(f"- cannot verify: {_md_escape(reason)}")
+        if run.verdict == "PASS":
+            out += [f"- {line}" for line in _proved(run)]
+        out.append("")
+        if run.anomalies:
+            out += ["### Anomalies (first witness of each kind, then scope)", "",
+                    "| kind | count | witness | where |", "|---|---:|---|---|"]
+            seen: set[str] = set()
+            for a in run.anomalies:
+                if a.kind in seen:
+                    continue
+                seen.add(a.kind)
+                out.append(f"| `{a.kind}` | {run.anomaly_counts.get(a.kind, 1):,} | "
+                           f"{_md_escape(a.message)} | {_md_escape(_at(run, a))} |")
+            out.append("")
+        if run.lineage:
+            out += ["### Lineage", "",
+                    "| attempt | world size | resumed from | logged steps | committed | replayed "
+                    "| status |", "|---:|---:|---:|---|---|---:|---|"]
+            for s in run.lineage:
+                logged = f"{s.first_step}..{s.last_step}" if s.first_step is not None else "—"
+                committed = f"{s.committed[0]}..{s.committed[1]}" if s.committed else "—"
+                resumed = "fresh" if s.resumed_from_step is None else str(s.resumed_from_step)
+                out.append(f"| {s.attempt} | {s.world_size} | {resumed} | {logged} | "
+                           f"{committed} | {s.replayed_steps} | {s.status} |")
+            m = run.metrics
+            out += ["", "### Goodput and checkpoint time", "", "| metric | value |", "|---|---:|"]
+            for name, value in m.as_dict().items():
+                if value is None:
+                    continue
+                shown = f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
+                unit = " s" if name.endswith("_s") else " steps/s" if name == "goodput" else ""
+                out.append(f"| {name} | {shown}{unit} |")
+            out.append("")
+        for image in (plots or {}).get(run.path, []):
+            out += [f"![{Path(image).stem}]({image})", ""]
+        test = (self_tests or {}).get(run.path)
+        if test is not None:
+            out += ["### Mutation self-test", ""]
+            if "skipped_reason" in test:
+                out += [f"Not run: {test['skipped_reason']}.", ""]
+            else:
+                rate = test["kill_rate"]
+                out += [
+                    f"The mutation catalogue was applied to copies of this run: the verifier "
+                    f"caught **{test['killed']} of {test['harmful']}** harmful mutations (kill "
+                    f"rate {rate:.0%}) and passed {test['benign'] - test['false_alarms']} of "
+                    f"{test['benign']} benign ones ({test['false_alarms']} false alarms)."
+                    if rate is not None else "No harmful mutation applied to this run.", "",
+                    "| mutation | where | expected | verifier | ok |", "|---|---|---|---|---|"]
+                for t in test["trials"]:
+                    expected = t["expected"] + (f" ({', '.join(t['expected_kinds'])})"
+                                                if t["expected_kinds"] else "")
+                    got = t["verdict"] + (f" ({', '.join(t['kinds'])})" if t["kinds"] else "")
+                    out.append(f"| {t['mutation']} | {_md_escape(t['where'])} | {expected} | "
+                               f"{got} | {'yes' if t['ok'] else '**no**'} |")
+                out.append("")
+        if run.warnings:
+            out += ["### Warnings", ""] + [f"- {_md_escape(str(w))}" for w in run.warnings] + [""]
+    return "\n".join(out)
+
+
+def _plots(run: RunResult, directory: Path, stem: str) -> list[str]:
+    series = run.series
+    if series is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    made: list[str] = []
+    restarts = [a.committed[0] for a in run.lineage[1:] if a.committed]
+    if series.loss is not None and np.isfinite(series.loss).any():
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        steps = np.arange(series.loss.size)
+        ax.plot(steps, series.loss, lw=1, label="committed lineage")
+        if series.reference_loss is not None:
+            ax.plot(np.arange(series.reference_loss.size), series.reference_loss, lw=1,
+                    ls="--", label="reference")
+        for s in restarts:
+            ax.axvline(s, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel("global step")
+        ax.set_ylabel("mean loss over ranks")
+        ax.set_title("Loss (dotted: resume points)")
+        ax.legend()
+        made.append(_save(fig, directory / f"{stem}loss.png"))
+    if series.timeline and series.start_time is not None:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for attempt, times, steps in series.timeline:
+            ax.plot(times - series.start_time, steps, lw=1.2, label=f"attempt {attempt}")
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("global step")
+        m = run.metrics
+        title = "Progress"
+        if m.goodput:
+            title += f": goodput {m.goodput:.3g} committed steps/s"
+        ax.set_title(title)
+        ax.legend()
+        made.append(_save(fig, directory / f"{stem}progress.png"))
+    if series.checkpoints:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        idx = np.arange(len(series.checkpoints))
+        ax.bar(idx, [c.stall_s for c in series.checkpoints], label="stall")
+        ax.plot(idx, [c.write_s for c in series.checkpoints], "o", ms=3, label="write")
+        ax.set_xticks(idx[:: max(1, len(idx) // 12)])
+        ax.set_xticklabels([str(c.step) for c in series.checkpoints][:: max(1, len(idx) // 12)])
+        ax.set_xlabel("checkpoint (global step)")
+        ax.set_ylabel("seconds")
+        ax.set_title("Training stall per checkpoint")
+        ax.legend()
+        made.append(_save(fig, directory / f"{stem}stall.png"))
+    return made
+
+
+def _save(fig: Any, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def write_report(result: VerifyResult, directory: str | Path, *,
+                 self_test: bool = True) -> list[Path]:
+    """Write ``report.md``, ``report.json`` and PNG plots into ``directory``; return the files.
+
+    Runs need their series (``verify(..., series=True)``) for the plots. With ``self_test``,
+    the mutation catalogue runs on each passing run of at most :data:`SELF_TEST_MAX_RECORDS`
+    records, and the report states its kill rate.
+    """
+    from verifier import mutations
+
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, list[str]] = {}
+    tests: dict[str, dict[str, Any]] = {}
+    for i, run in enumerate(result.runs):
+        stem = "" if len(result.runs) == 1 else f"run{i}-"
+        plots[run.path] = _plots(run, target, stem)
+        if not self_test:
+            continue
+        if run.verdict != "PASS":
+            tests[run.path] = {"skipped_reason": "the run does not pass, so mutants of it "
+                                                 "prove nothing"}
+        elif run.metrics.records > SELF_TEST_MAX_RECORDS:
+            tests[run.path] = {"skipped_reason": f"the run has {run.metrics.records:,} records "
+                                                 f"(limit {SELF_TEST_MAX_RECORDS:,}); `ecrl "
+                                                 "bench verify` reports the kill rate on "
+                                                 "generated runs"}
+        else:
+            tests[run.path] = mutations.self_test(run.path).as_dict()
+    data = result.as_dict()
+    for run in data["runs"]:
+        run["mutation_self_test"] = tests.get(run["path"])
+        run["plots"] = plots.get(run["path"], [])
+    written = [target / name for names in plots.values() for name in names]
+    atomic_write_text(target / "report.json", json.dumps(_clean(data), indent=2) + "\n")
+    atomic_write_text(target / "report.md",
+                      render_markdown(result, plots=plots, self_tests=tests) + "\n")
+    # Atomic writes go through a private (0600) temporary file; a report is meant to be shared.
+    for name in ("report.json", "report.md"):
+        (target / name).chmod(0o644)
+    return [target / "report.md", target / "report.json", *written]

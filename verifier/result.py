@@ -1,0 +1,193 @@
+"""Verification results as data: per-run verdicts, anomalies, warnings, lineage and metrics.
+
+``PASS`` needs evidence: a run whose lineage checked nothing is ``UNKNOWN``, never ``PASS``
+(:attr:`RunResult.checked` says what was checked). ``FAIL`` wins over ``UNKNOWN``: a witness
+found in the readable part of the logs refutes the run whatever the unreadable part holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from verifier.anomalies import Anomaly, Note
+
+__all__ = [
+    "Verdict",
+    "EXIT_CODES",
+    "Metrics",
+    "AttemptSummary",
+    "CheckpointPoint",
+    "Series",
+    "RunResult",
+    "VerifyResult",
+    "combine_verdicts",
+]
+
+Verdict = Literal["PASS", "FAIL", "UNKNOWN"]
+EXIT_CODES: Mapping[str, int] = {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}
+
+
+def combine_verdicts(verdicts: Sequence[str]) -> Verdict:
+    """FAIL if any run failed, else UNKNOWN if any is unknown (or there is none), else PASS."""
+    if "FAIL" in verdicts:
+        return "FAIL"
+    if not verdicts or "UNKNOWN" in verdicts:
+        return "UNKNOWN"
+    return "PASS"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Metrics:
+    """Goodput and its decomposition, from the same pass that checks the logs."""
+
+    committed_steps: int = 0
+    """Distinct steps in the committed lineage."""
+    restarts: int = 0
+    """Attempts after the first."""
+    replayed_steps: int = 0
+    """Steps some attempt executed that are not in the committed lineage (recomputed work)."""
+    wall_s: float | None = None
+    """First attempt's start to last attempt's end (restarts and replays included)."""
+    goodput: float | None = None
+    """committed_steps / wall_s, in steps per second."""
+    stall_s: float = 0.0
+    """Training stopped for checkpoints (sum over checkpoint events)."""
+    write_s: float = 0.0
+    snapshot_s: float = 0.0
+    enqueue_s: float = 0.0
+    backpressure_s: float = 0.0
+    checkpoints: int = 0
+    """Checkpoint events recorded (all attempts)."""
+    records: int = 0
+    """Step records read (all attempts, replayed ones included)."""
+    restart_s: float | None = None
+    """Between an attempt's end and the next attempt's first completed step."""
+    lost_s: float | None = None
+    """Wall time of failed attempts after their last committed step (work thrown away)."""
+    loss_max_abs_diff: float | None = None
+    """Against ``--reference``: largest |loss - reference loss| over common steps."""
+    loss_mean_abs_diff: float | None = None
+    loss_steps_compared: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptSummary:
+    """One attempt as the verifier reconstructed it."""
+
+    attempt: int
+    world_size: int
+    resumed_from_step: int | None
+    status: str
+    exit_code: int | None
+    first_step: int | None
+    """First step any rank logged."""
+    last_step: int | None
+    """Last step any rank logged."""
+    committed: tuple[int, int] | None
+    """Inclusive range of steps this attempt contributes to the committed lineage."""
+    records: int
+    replayed_steps: int
+    start_time: float | None
+    end_time: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["committed"] = list(self.committed) if self.committed else None
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPoint:
+    attempt: int
+    step: int
+    stall_s: float
+    write_s: float
+    snapshot_s: float
+    time: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class Series:
+    """Per-step and per-event data for plots (kept only when a report or reference needs it)."""
+
+    loss: npt.NDArray[np.float64] | None = None
+    """Mean loss over ranks of each committed step (NaN where unknown); index = global step."""
+    reference_loss: npt.NDArray[np.float64] | None = None
+    timeline: Sequence[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int64]]] = ()
+    """Per attempt: (attempt, times, steps) of a subsample of its lowest rank's records."""
+    checkpoints: Sequence[CheckpointPoint] = ()
+    start_time: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunResult:
+    """The verdict on one run directory and everything that supports it."""
+
+    path: str
+    verdict: Verdict
+    anomalies: tuple[Anomaly, ...] = ()
+    """Witnesses, capped per kind (``anomaly_counts`` has the full scope)."""
+    anomaly_counts: Mapping[str, int] = field(default_factory=dict)
+    warnings: tuple[Note, ...] = ()
+    unknown: tuple[str, ...] = ()
+    """Why the logs cannot support a verdict (empty unless UNKNOWN, or FAIL cut short)."""
+    checked: Mapping[str, int] = field(default_factory=dict)
+    """What was actually checked (records, committed steps, shards, epochs, …)."""
+    metrics: Metrics = field(default_factory=Metrics)
+    lineage: tuple[AttemptSummary, ...] = ()
+    log_ids: bool | None = None
+    series: Series | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "verdict": self.verdict,
+            "anomalies": [a.as_dict() for a in self.anomalies],
+            "anomaly_counts": dict(self.anomaly_counts),
+            "warnings": [w.as_dict() for w in self.warnings],
+            "unknown": list(self.unknown),
+            "checked": dict(self.checked),
+            "metrics": self.metrics.as_dict(),
+            "lineage": [a.as_dict() for a in self.lineage],
+            "log_ids": self.log_ids,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyResult:
+    """The verdict on PATH: every run found under it."""
+
+    path: str
+    runs: tuple[RunResult, ...]
+    unknown: tuple[str, ...] = ()
+    """Problems with PATH itself (nothing to verify there)."""
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.unknown and not any(r.verdict == "FAIL" for r in self.runs):
+            return "UNKNOWN"
+        return combine_verdicts([r.verdict for r in self.runs])
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "path": self.path,
+            "unknown": list(self.unknown),
+            "runs": [r.as_dict() for r in self.runs],
+        }

@@ -1,0 +1,178 @@
+"""Reading a run directory's small files: manifest, supervisor state, checkpoint events, pointer.
+
+The step logs, which can hold millions of records, are streamed by :mod:`verifier._scan`; this
+module reads everything else up front and checks the preconditions a verdict rests on. A broken
+precondition raises :class:`~verifier.errors.Unusable` (verdict UNKNOWN) with one line naming the
+file, and where known the line, and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ecrl import semantics
+from ecrl.errors import RunFormatError, SemanticsError
+from ecrl.runformat import (
+    CheckpointEvent,
+    JsonlReader,
+    LatestPointer,
+    RunManifest,
+    RunPaths,
+    SupervisorAttempt,
+    SupervisorState,
+    read_json_record,
+)
+from verifier.anomalies import Note
+from verifier.errors import Unusable
+
+__all__ = ["CheckpointRecord", "RunInputs", "read_inputs", "torn_tail_ok"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointRecord:
+    """A checkpoint event and where it was logged."""
+
+    attempt: int
+    line: int
+    event: CheckpointEvent
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class RunInputs:
+    """Everything but the step logs, validated."""
+
+    root: Path
+    paths: RunPaths
+    manifest: RunManifest
+    geometry: semantics.Geometry
+    supervisor: SupervisorState
+    checkpoints: Mapping[int, tuple[CheckpointRecord, ...]]
+    """Attempt -> its checkpoint events, in log order."""
+    latest: LatestPointer | None
+    notes: tuple[Note, ...]
+
+    def rel(self, path: Path) -> str:
+        """``path`` relative to the run directory, as shown in anomalies."""
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+
+def torn_tail_ok(attempt: SupervisorAttempt) -> bool:
+    """A torn last line is expected in the files of an attempt that did not complete."""
+    return attempt.status != "completed"
+
+
+def _unusable(error: Exception) -> Unusable:
+    return Unusable(str(error))
+
+
+def read_inputs(root: str | Path) -> RunInputs:
+    """Read and check the manifest, supervisor state, checkpoint events and latest pointer."""
+    paths = RunPaths.of(root)
+    notes: list[Note] = []
+    if not paths.manifest.is_file():
+        raise Unusable(f"{paths.manifest}: file is missing; a run directory written by "
+                       "`ecrl run` has one (is this the right directory?)")
+    try:
+        manifest = read_json_record(paths.manifest, RunManifest)
+    except RunFormatError as exc:
+        raise _unusable(exc) from None
+    perm = (manifest.permutation.get("algorithm"), manifest.permutation.get("version"))
+    if perm != (semantics.PERMUTATION_ALGORITHM, semantics.PERMUTATION_VERSION):
+        raise Unusable(
+            f"{paths.manifest}: the run used permutation {perm[0]} v{perm[1]}, this verifier "
+            f"implements {semantics.PERMUTATION_ALGORITHM} v{semantics.PERMUTATION_VERSION}; "
+            "verify with the ECRL version that wrote the run")
+    try:
+        geometry = semantics.Geometry(dataset_size=manifest.dataset_size,
+                                      global_batch=manifest.global_batch)
+    except SemanticsError as exc:
+        raise Unusable(f"{paths.manifest}: {exc}") from None
+    if manifest.steps_per_epoch != geometry.steps_per_epoch:
+        raise Unusable(
+            f"{paths.manifest}: steps_per_epoch is {manifest.steps_per_epoch} but dataset size "
+            f"{geometry.dataset_size} // global batch {geometry.global_batch} is "
+            f"{geometry.steps_per_epoch}; the manifest is inconsistent")
+    if manifest.target_steps == 0:
+        raise Unusable(f"{paths.manifest}: target_steps is 0, so there is nothing to verify")
+    if manifest.seed > semantics.MAX_SEED:
+        raise Unusable(f"{paths.manifest}: seed {manifest.seed} is above {semantics.MAX_SEED}")
+
+    if not paths.supervisor.is_file():
+        raise Unusable(f"{paths.supervisor}: file is missing; without it the verifier cannot "
+                       "tell which checkpoint each attempt resumed from")
+    try:
+        supervisor = read_json_record(paths.supervisor, SupervisorState)
+    except RunFormatError as exc:
+        raise _unusable(exc) from None
+    attempts = supervisor.attempts
+    if not attempts:
+        raise Unusable(f"{paths.supervisor}: no attempts recorded, so nothing ran")
+    numbers = [a.attempt for a in attempts]
+    if numbers != list(range(len(attempts))):
+        raise Unusable(f"{paths.supervisor}: attempts must be numbered 0, 1, … in order, "
+                       f"got {numbers}")
+    logged = paths.attempts()
+    strays = [a for a in logged if a >= len(attempts)]
+    if strays:
+        raise Unusable(
+            f"{paths.attempt_dir(strays[0])}: logs of attempt {strays[0]}, which "
+            f"{paths.supervisor.name} does not list ({len(attempts)} attempts); the lineage is "
+            "ambiguous")
+    if supervisor.restarts != len(attempts) - 1:
+        notes.append(Note(kind="supervisor", file="supervisor.json",
+                          message=f"restarts is {supervisor.restarts} but "
+                                  f"{len(attempts)} attempts are listed"))
+    if supervisor.status != "completed":
+        notes.append(Note(kind="supervisor", file="supervisor.json",
+                          message=f"the run's status is {supervisor.status!r}, not 'completed'"))
+    for a in attempts:
+        planned = manifest.world_size_of(a.attempt)
+        if planned != a.world_size:
+            notes.append(Note(kind="world_size_plan", file="supervisor.json",
+                              message=f"attempt {a.attempt} ran with world size {a.world_size}; "
+                                      f"run.json planned {planned}"))
+
+    checkpoints: dict[int, tuple[CheckpointRecord, ...]] = {}
+    for a in attempts:
+        log = paths.checkpoint_log(a.attempt)
+        if not log.is_file():
+            checkpoints[a.attempt] = ()
+            continue
+        reader = JsonlReader(log, CheckpointEvent, torn_tail_ok=torn_tail_ok(a))
+        try:
+            events = tuple(CheckpointRecord(attempt=a.attempt, line=n, event=e)
+                           for n, e in reader)
+        except RunFormatError as exc:
+            raise _unusable(exc) from None
+        checkpoints[a.attempt] = events
+        notes.extend(Note(kind="torn_line", file=_rel(paths, Path(t.path)), line=t.line,
+                          message="torn last line ignored (crash while writing)")
+                     for t in reader.warnings)
+
+    latest: LatestPointer | None = None
+    if paths.latest.is_file():
+        try:
+            latest = read_json_record(paths.latest, LatestPointer)
+        except RunFormatError as exc:
+            notes.append(Note(kind="latest", file="checkpoints/latest.json",
+                              message=f"unreadable, ignored: {exc.message}"))
+    recorded = {r.event.global_step for events in checkpoints.values() for r in events}
+    if latest is not None and latest.global_step not in recorded:
+        notes.append(Note(kind="latest", file="checkpoints/latest.json",
+                          message=f"points at step {latest.global_step}, which no checkpoint "
+                                  "event records"))
+    return RunInputs(root=paths.root, paths=paths, manifest=manifest, geometry=geometry,
+                     supervisor=supervisor, checkpoints=checkpoints, latest=latest,
+                     notes=tuple(notes))
+
+
+def _rel(paths: RunPaths, path: Path) -> str:
+    try:
+        return path.relative_to(paths.root).as_posix()
+    except ValueError:
+        return str(path)
