@@ -214,6 +214,7 @@ class Supervisor:
             existing = read_json_record(self.paths.manifest, RunManifest)
             _check_same_run(existing, planned, root)
             self._take_lock()
+            self._resume_point()  # a corrupt latest checkpoint stops us before any write
             state = (read_json_record(self.paths.supervisor, SupervisorState)
                      if self.paths.supervisor.exists()
                      else SupervisorState(attempts=[], restarts=0, status="running"))
@@ -450,7 +451,10 @@ class Supervisor:
     def _show_log_tail(self, attempt: int, lines: int = 15) -> None:
         path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
         with contextlib.suppress(OSError):
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-            self.err(f"  last lines of {path}:")
-            for line in tail:
+            text = path.read_text(errors="replace").splitlines()
+            # The ranks' own one-line reports say more than torchrun's summary of them.
+            ours = [line for line in text if line.startswith("ecrl trainer (rank")]
+            shown = ours[-lines:] or text[-lines:]
+            self.err(f"  {'from' if ours else 'last lines of'} {path}:")
+            for line in shown:
                 self.err(f"  | {line}")

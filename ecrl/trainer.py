@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ecrl import __version__, statepack
 from ecrl.atomicio import atomic_write_bytes, atomic_write_text
+from ecrl.bgwriter import WriterCrashed
 from ecrl.ckptfile import CheckpointError, read_verified
 from ecrl.datasets import build_dataset
 from ecrl.errors import ConfigError, EcrlError
@@ -287,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return Trainer(paths=paths, attempt=args.attempt, resume=resume,
                        failures=failures).run()
+    except WriterCrashed as exc:
+        # Restartable: the supervisor relaunches from the last durable checkpoint.
+        print(f"ecrl trainer (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        return 1
     except EcrlError as exc:
         # A problem no restart can fix: say so once, and tell the supervisor not to retry.
         write_fatal(paths, attempt=args.attempt, rank=rank, message=str(exc))
