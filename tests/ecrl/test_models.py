@@ -1,0 +1,36 @@
+"""Models: the tiny CNN and torchvision's ResNets, freshly initialised, never downloaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ecrl.errors import ConfigError
+from ecrl.models import MODELS, build_model
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_models_classify_32px_images(name: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(name, num_classes=7).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 7)
+    torch.manual_seed(0)
+    again = build_model(name, num_classes=7)
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # initialisation follows torch's seed
+
+
+def test_tiny_cnn_dropout_uses_the_rng() -> None:
+    model = build_model("tiny-cnn", num_classes=10).train()
+    x = torch.randn(4, 3, 32, 32)
+    torch.manual_seed(1)
+    first = model(x)
+    torch.manual_seed(2)
+    assert not torch.equal(first, model(x))
+
+
+def test_unknown_model() -> None:
+    with pytest.raises(ConfigError, match="resnet34"):
+        build_model("resnet34", num_classes=10)
