@@ -56,7 +56,7 @@ def test_back_pressure_waits_for_a_durable_slot(tmp_path: Path) -> None:
     client = _start(tmp_path, max_inflight=1)
     _submit(client, 3)
     assert client.inflight == 1
-    image, size = make_image(7)
+    _, size = make_image(7)
     slot, _ = client.acquire(size)  # may only return once job 0 is durable and its slot free
     assert client.inflight == 0 and slot.job is None
     assert [m["global_step"] for m in client.completed] == [3]

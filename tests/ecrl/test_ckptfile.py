@@ -45,7 +45,7 @@ def test_any_flipped_byte_is_caught(tmp_path: Path, where: int) -> None:
 def test_truncated_missing_and_foreign_files(tmp_path: Path) -> None:
     path, _ = _sealed(tmp_path)
     path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(CheckpointError, match="checksum footer|truncated|mismatch"):
+    with pytest.raises(CheckpointError, match=r"checksum footer|truncated|mismatch"):
         read_verified(path)
     with pytest.raises(CheckpointError, match="missing"):
         read_verified(tmp_path / "nope.ckpt")
@@ -56,10 +56,10 @@ def test_truncated_missing_and_foreign_files(tmp_path: Path) -> None:
 
 
 def test_checksum_must_match_latest(tmp_path: Path) -> None:
-    path, checksum = _sealed(tmp_path, step=3)
+    _, checksum = _sealed(tmp_path, step=3)
     (tmp_path / "x").mkdir()
     other, other_checksum = _sealed(tmp_path / "x", step=4)
     assert other_checksum != checksum
     # a whole, valid checkpoint that is not the one latest.json recorded is refused too
-    with pytest.raises(CheckpointError, match="recorded in latest.json"):
+    with pytest.raises(CheckpointError, match=r"recorded in latest\.json"):
         read_verified(other, expected_checksum=checksum)

@@ -43,8 +43,8 @@ def test_generated_samples_depend_on_the_id_alone() -> None:
         a[1000]
 
 
-@pytest.mark.parametrize(("name", "writer", "size", "classes"),
-                         [("cifar10", write_cifar10, 40, 10), ("cifar100", write_cifar100, 48, 100)])
+@pytest.mark.parametrize(("name", "writer", "size", "classes"), [
+    ("cifar10", write_cifar10, 40, 10), ("cifar100", write_cifar100, 48, 100)])
 def test_cifar_through_torchvision(tmp_path: Path, name: str, writer: object, size: int,
                                    classes: int) -> None:
     assert writer(tmp_path) == size  # type: ignore[operator]

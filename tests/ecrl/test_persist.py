@@ -85,7 +85,8 @@ def test_retention_never_touches_newer_orphans_or_latest(tmp_path: Path) -> None
     removed = apply_retention(directory, latest_step=3, keep=2)
     assert removed == [checkpoint_name(1)]
     names = sorted(p.name for p in directory.iterdir())
-    assert names == sorted([checkpoint_name(2), checkpoint_name(3), checkpoint_name(9), "notes.txt"])
+    expected = [checkpoint_name(2), checkpoint_name(3), checkpoint_name(9), "notes.txt"]
+    assert names == sorted(expected)
 
 
 def test_temporaries_of_a_crashed_writer_are_cleaned(tmp_path: Path) -> None:

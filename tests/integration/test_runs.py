@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_failed_runs_are_exactly_once(name: str, request: pytest.FixtureRequest)
     for a, f in zip(attempts, fired, strict=False):
         assert a.last_step == f["global_step"] and a.exit_code != 0
     # resumes load what latest.json named when they started: a checkpoint at a step < failure
-    for prev, nxt in zip(attempts, attempts[1:], strict=False):
+    for prev, nxt in itertools.pairwise(attempts):
         assert nxt.resumed_from_step is not None
         assert nxt.resumed_from_step <= prev.last_step  # type: ignore[operator]
         assert (nxt.resumed_from_step + 1) % 4 == 0  # checkpoints after every 4th step

@@ -1,0 +1,145 @@
+"""``ecrl bench checkpoint``: blocking vs overlapped stall, overlapped vs no checkpoints.
+
+For each model (tiny CNN, ResNet-18, ResNet-50) the benchmark runs the real thing — ``ecrl run``
+under its supervisor, torchrun, the trainer, real fsyncs — three times with the same seed, data
+and steps: ``--strategy none``, ``blocking`` and ``overlapped``, checkpointing every 50 steps.
+It then reads the run directories:
+
+- stall: the median ``stall_s`` of the checkpoint events (``checkpoint_rank0.jsonl``) of the
+  blocking and the overlapped run: how long training stopped per checkpoint;
+- throughput: steady-state steps/s from the step records' completion times (``rank-000.jsonl``),
+  over a window that skips the warm-up and holds the same whole number of checkpoint intervals
+  in every run, for the overlapped run and the run without checkpoints.
+
+Fair configuration on a small machine: one rank and one torch thread (``--threads 1``) for every
+run, so that on a 2-core machine the background writer has a core of its own, as it would on a
+GPU node; the same settings apply to all three strategies.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.runconfig import RunConfig
+from ecrl.runformat import CheckpointEvent, JsonlReader, RunPaths, StepRecord
+
+__all__ = ["run"]
+
+STALL_TARGET = 0.30
+THROUGHPUT_TARGET = 0.97
+WARMUP_STEPS = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Case:
+    model: str
+    global_batch: int
+    every: int
+    intervals: int
+    """Checkpoint intervals inside the measured window."""
+
+    @property
+    def steps(self) -> int:
+        # Warm-up, the measured intervals, and a margin after the last checkpoint so that its
+        # cost lands inside the window (the last step itself never checkpoints).
+        return WARMUP_STEPS + self.every * self.intervals + WARMUP_STEPS
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return WARMUP_STEPS, WARMUP_STEPS + self.every * self.intervals
+
+
+def _cases(quick: bool) -> list[_Case]:
+    if quick:
+        return [_Case(model="tiny-cnn", global_batch=32, every=10, intervals=2)]
+    return [_Case(model="tiny-cnn", global_batch=32, every=50, intervals=6),
+            _Case(model="resnet18", global_batch=16, every=50, intervals=3),
+            _Case(model="resnet50", global_batch=8, every=50, intervals=3)]
+
+
+def _train(root: Path, case: _Case, strategy: str, progress: Progress) -> RunPaths:
+    from ecrl.supervisor import EXIT_OK, Supervisor
+
+    out = root / f"{case.model}-{strategy}"
+    config = RunConfig(out=str(out), world_sizes=(1,), dataset="fake", dataset_size=50_000,
+                       model=case.model, global_batch=case.global_batch, steps=case.steps,
+                       ckpt_every=case.every, strategy=strategy, threads=1, seed=0,
+                       max_inflight=2)
+    progress(f"{case.model}: {case.steps} steps, strategy {strategy}")
+    code = Supervisor(config, out=lambda _line: None, err=progress).run()
+    if code != EXIT_OK:
+        raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
+    return RunPaths.of(out)
+
+
+def _stalls(paths: RunPaths) -> list[CheckpointEvent]:
+    reader = JsonlReader(paths.checkpoint_log(0), CheckpointEvent, torn_tail_ok=False)
+    return [event for _, event in reader]
+
+
+def _steps_per_s(paths: RunPaths, window: tuple[int, int]) -> float:
+    times = {r.global_step: r.time for _, r in JsonlReader(paths.rank_log(0, 0), StepRecord,
+                                                           torn_tail_ok=False)}
+    first, last = window
+    return (last - first) / (times[last] - times[first])
+
+
+def run(*, quick: bool, progress: Progress) -> BenchResult:
+    rows: list[BenchRow] = []
+    targets: list[Target] = []
+    root = Path(tempfile.mkdtemp(prefix="ecrl-bench-checkpoint-"))
+    try:
+        for case in _cases(quick):
+            runs = {s: _train(root, case, s, progress) for s in ("none", "blocking", "overlapped")}
+            blocking = _stalls(runs["blocking"])
+            overlapped = _stalls(runs["overlapped"])
+            b_stall = statistics.median(e.stall_s for e in blocking)
+            o_stall = statistics.median(e.stall_s for e in overlapped)
+            size_mb = blocking[0].bytes / 1e6
+            rows.append(BenchRow(
+                candidate="overlapped", alternative="blocking",
+                metric=f"{case.model}: training stall per checkpoint, ms (median of "
+                       f"{len(overlapped)} vs {len(blocking)}; lower is better)",
+                candidate_value=o_stall * 1e3, alternative_value=b_stall * 1e3,
+                note=f"checkpoint {size_mb:.1f} MB; background write "
+                     f"{statistics.median(e.write_s for e in overlapped) * 1e3:.0f} ms"))
+            none_rate = _steps_per_s(runs["none"], case.window)
+            o_rate = _steps_per_s(runs["overlapped"], case.window)
+            b_rate = _steps_per_s(runs["blocking"], case.window)
+            rows.append(BenchRow(
+                candidate=f"overlapped every {case.every}", alternative="no checkpoints",
+                metric=f"{case.model}: steady-state steps/s, B={case.global_batch} "
+                       "(higher is better)",
+                candidate_value=o_rate, alternative_value=none_rate,
+                note=f"blocking every {case.every}: {b_rate:.3g} steps/s "
+                     f"({b_rate / none_rate:.1%})"))
+            ratio = o_stall / b_stall
+            targets.append(Target(
+                description=f"{case.model}: overlapped stall <= {STALL_TARGET:.0%} of blocking",
+                measured=f"{ratio:.1%} ({o_stall * 1e3:.1f} vs {b_stall * 1e3:.1f} ms)",
+                met=ratio <= STALL_TARGET))
+            share = o_rate / none_rate
+            targets.append(Target(
+                description=f"{case.model}: overlapped every {case.every} >= "
+                            f"{THROUGHPUT_TARGET:.0%} of the no-checkpoint throughput",
+                measured=f"{share:.1%}", met=share >= THROUGHPUT_TARGET))
+            for paths in runs.values():
+                shutil.rmtree(paths.root, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return BenchResult(
+        name="checkpoint", command=command_line(), rows=rows, targets=targets,
+        notes=[
+            "each cell comes from a real `ecrl run` (torchrun, trainer, fsync) of the same seed, "
+            "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
+            f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
+            "number of checkpoints in every run)",
+            "one rank, one torch thread per run (--threads 1), so that the background writer "
+            "has a core of its own on a 2-core machine, as it would next to a GPU; "
+            "max-inflight 2; fake data, D=50000",
+        ])
