@@ -225,9 +225,10 @@ class Trainer:
             scheduler.step()
             value = float(loss.item())
             now = time.time()
+            epoch, cursor = self.geometry.locate(step)
             log.write(StepRecord(
-                attempt=self.attempt, global_step=step, epoch=step // self.geometry.steps_per_epoch,
-                cursor_step=step % self.geometry.steps_per_epoch, rank=rank, world_size=world,
+                attempt=self.attempt, global_step=step, epoch=epoch, cursor_step=cursor,
+                rank=rank, world_size=world,
                 local_batch=local_batch, sample_ids_count=int(ids.size),
                 sample_ids_hash=format_hash(ids_hash(ids)),
                 loss=value if math.isfinite(value) else None, time=now,

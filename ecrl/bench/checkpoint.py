@@ -62,15 +62,15 @@ def _cases(quick: bool) -> list[_Case]:
             _Case(model="resnet50", global_batch=8, every=50, intervals=3)]
 
 
-def _train(root: Path, case: _Case, strategy: str, progress: Progress) -> RunPaths:
+def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress) -> RunPaths:
     from ecrl.supervisor import EXIT_OK, Supervisor
 
-    out = root / f"{case.model}-{strategy}"
+    out = root / f"{case.model}-{strategy}-{repeat}"
     config = RunConfig(out=str(out), world_sizes=(1,), dataset="fake", dataset_size=50_000,
                        model=case.model, global_batch=case.global_batch, steps=case.steps,
                        ckpt_every=case.every, strategy=strategy, threads=1, seed=0,
                        max_inflight=2)
-    progress(f"{case.model}: {case.steps} steps, strategy {strategy}")
+    progress(f"{case.model}: {case.steps} steps, strategy {strategy} (run {repeat + 1})")
     code = Supervisor(config, out=lambda _line: None, err=progress).run()
     if code != EXIT_OK:
         raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
@@ -92,12 +92,17 @@ def _steps_per_s(paths: RunPaths, window: tuple[int, int]) -> float:
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     rows: list[BenchRow] = []
     targets: list[Target] = []
+    repeats = 1 if quick else 2
     root = Path(tempfile.mkdtemp(prefix="ecrl-bench-checkpoint-"))
     try:
         for case in _cases(quick):
-            runs = {s: _train(root, case, s, progress) for s in ("none", "blocking", "overlapped")}
-            blocking = _stalls(runs["blocking"])
-            overlapped = _stalls(runs["overlapped"])
+            # Interleaved, so that a burst of load from elsewhere hits every strategy alike.
+            order = ["none", "overlapped", "blocking"] + ["none", "overlapped"] * (repeats - 1)
+            runs: dict[str, list[RunPaths]] = {"none": [], "blocking": [], "overlapped": []}
+            for strategy in order:
+                runs[strategy].append(_train(root, case, strategy, len(runs[strategy]), progress))
+            blocking = [e for p in runs["blocking"] for e in _stalls(p)]
+            overlapped = [e for p in runs["overlapped"] for e in _stalls(p)]
             b_stall = statistics.median(e.stall_s for e in blocking)
             o_stall = statistics.median(e.stall_s for e in overlapped)
             size_mb = blocking[0].bytes / 1e6
@@ -108,9 +113,10 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 candidate_value=o_stall * 1e3, alternative_value=b_stall * 1e3,
                 note=f"checkpoint {size_mb:.1f} MB; background write "
                      f"{statistics.median(e.write_s for e in overlapped) * 1e3:.0f} ms"))
-            none_rate = _steps_per_s(runs["none"], case.window)
-            o_rate = _steps_per_s(runs["overlapped"], case.window)
-            b_rate = _steps_per_s(runs["blocking"], case.window)
+            # Load from elsewhere only ever slows a run down: the best repeat is the steady state.
+            none_rate = max(_steps_per_s(p, case.window) for p in runs["none"])
+            o_rate = max(_steps_per_s(p, case.window) for p in runs["overlapped"])
+            b_rate = max(_steps_per_s(p, case.window) for p in runs["blocking"])
             rows.append(BenchRow(
                 candidate=f"overlapped every {case.every}", alternative="no checkpoints",
                 metric=f"{case.model}: steady-state steps/s, B={case.global_batch} "
@@ -128,8 +134,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"{case.model}: overlapped every {case.every} >= "
                             f"{THROUGHPUT_TARGET:.0%} of the no-checkpoint throughput",
                 measured=f"{share:.1%}", met=share >= THROUGHPUT_TARGET))
-            for paths in runs.values():
-                shutil.rmtree(paths.root, ignore_errors=True)
+            for group in runs.values():
+                for paths in group:
+                    shutil.rmtree(paths.root, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return BenchResult(
@@ -139,6 +146,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
             f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
             "number of checkpoints in every run)",
+            f"{'one run' if quick else 'two runs'} of none and overlapped, interleaved; "
+            "throughput is the best of the runs, stall the median over all checkpoints",
             "one rank, one torch thread per run (--threads 1), so that the background writer "
             "has a core of its own on a 2-core machine, as it would next to a GPU; "
             "max-inflight 2; fake data, D=50000",
