@@ -301,7 +301,11 @@ def load_config(flags: Mapping[str, Any], *, config_file: str | None,
     merged: dict[str, Any] = {}
     if config_file:
         merged.update(_read_toml(Path(config_file)))
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    if isinstance(given.get("data_dir"), str):
+        # Ranks and later resumes may run elsewhere: record where the data is, not how to get there.
+        given["data_dir"] = os.path.abspath(given["data_dir"])
+    merged.update(given)
     explicit = frozenset(merged)
     merged.setdefault("out", default_out)
     try:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ecrl import statepack
 from ecrl.bgwriter import WriterClient
-from ecrl.ckptfile import FOOTER_SIZE
+from ecrl.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.persist import CrashHook, commit_checkpoint
 from ecrl.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.semantics import Geometry
@@ -144,9 +144,15 @@ class BlockingCheckpoints(Strategy):
             statepack.snapshot_into(state, memoryview(buffer))
             snapshot_s = time.perf_counter() - t1
             epoch, cursor = ctx.geometry.locate(step)
-            result = commit_checkpoint(
-                ctx.paths, memoryview(buffer), state.layout.size, global_step=step, epoch=epoch,
-                cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep, crash=self._crash)
+            try:
+                result = commit_checkpoint(
+                    ctx.paths, memoryview(buffer), state.layout.size, global_step=step,
+                    epoch=epoch, cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep,
+                    crash=self._crash)
+            except OSError as exc:  # disk full, permissions: a restart would not help
+                raise CheckpointError(
+                    f"writing the checkpoint of step {step} failed: {exc.strerror or exc} "
+                    f"({exc.filename or ctx.paths.checkpoints})") from None
         _barrier(ctx)
         if ctx.rank == 0 and self._events is not None:
             self._events.write(CheckpointEvent(

@@ -209,10 +209,14 @@ class Supervisor:
         """Create or reopen the run directory; False when the run is already complete."""
         root = Path(self.config.out).resolve()
         self.paths = RunPaths.of(root)
-        planned = plan_manifest(self.config)
         if self.paths.manifest.exists():
             existing = read_json_record(self.paths.manifest, RunManifest)
-            _check_same_run(existing, planned, root)
+            # Settings not given now are the run's own: `ecrl run --out DIR` alone continues it.
+            stored = {k: v for k, v in existing.extra.get("config", {}).items() if k != "out"}
+            given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
+            self.config = RunConfig.from_dict({**stored, **given, "out": str(root)},
+                                              explicit=self.config.explicit)
+            _check_same_run(existing, plan_manifest(self.config), root)
             self._take_lock()
             self._resume_point()  # a corrupt latest checkpoint stops us before any write
             state = (read_json_record(self.paths.supervisor, SupervisorState)
@@ -224,16 +228,13 @@ class Supervisor:
                 return False
             attempts = [replace(a, status="failed") if a.status == "running" else a
                         for a in state.attempts]  # a supervisor that was killed outright
-            config = existing.extra.get("config", {})
-            config.update({k: v for k, v in self.config.to_dict().items()
-                           if k in ("max_restarts", "max_inflight", "keep_checkpoints", "threads",
-                                    "collective_timeout_s", "rdzv_backend", "rdzv_endpoint",
-                                    "rdzv_id", "rdzv_conf")})
+            config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             write_json_record(self.paths.manifest, self.manifest)
             self.state = replace(state, attempts=attempts, status="running")
             self.out(f"ecrl run: resuming {root} ({len(attempts)} earlier attempts)")
         else:
+            planned = plan_manifest(self.config)
             if root.exists() and any(root.iterdir()):
                 raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
                                   "a new or empty directory")

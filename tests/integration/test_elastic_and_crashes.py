@@ -99,7 +99,7 @@ def test_ctrl_c_stops_cleanly_then_resume_refuses_corruption_and_completes(
     assert not (out / "logs" / "attempt-001").exists()
 
     ckpt.write_bytes(original)
-    resumed = ecrl(*args)
+    resumed = ecrl("run", "--out", str(out))  # the run's own settings, from run.json
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
     view = load_run(out)
