@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import mmap
 import os
@@ -46,13 +45,13 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ecrl._proc import signal_on_parent_death
 from ecrl.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.persist import CommitResult, CrashHook, commit_checkpoint
 from ecrl.runformat import CheckpointEvent, JsonlWriter, RunPaths
 
 __all__ = ["WriterCrashed", "Slot", "WriterClient", "main"]
 
-_PR_SET_PDEATHSIG = 1
 _SLOT_GRANULE = 1 << 20
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
@@ -254,10 +253,7 @@ class WriterClient:
 
 
 def _die_with_parent(parent: int) -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal_on_parent_death(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(0)
 

@@ -35,6 +35,7 @@ from types import FrameType
 from typing import IO, Any
 
 from ecrl import __version__, semantics
+from ecrl._proc import signal_on_parent_death
 from ecrl.ckptfile import CheckpointError
 from ecrl.errors import ConfigError, RunFormatError
 from ecrl.failure import FiredFailure, read_fatal, read_fired, remaining
@@ -64,6 +65,10 @@ _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "targe
                     "model")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
+
+
+def _torchrun_preexec() -> None:
+    signal_on_parent_death(signal.SIGTERM)
 
 
 def _now_iso() -> str:
@@ -308,9 +313,12 @@ class Supervisor:
         progress = _Progress(emit=self.out, target=self.manifest.target_steps)
         tail = _Tail(paths.rank_log(attempt, 0))
         with open(paths.attempt_dir(attempt) / TORCHRUN_LOG, "ab") as log:
+            # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
+            # decides how to stop it); the parent-death signal stops it if we are killed outright.
             proc = subprocess.Popen(self._command(attempt, world, pointer, fail_at),
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self._environment(world), start_new_session=True)
+                                    env=self._environment(world), start_new_session=True,
+                                    preexec_fn=_torchrun_preexec)
             stopping_since: float | None = None
             while True:
                 try:
@@ -453,9 +461,15 @@ class Supervisor:
         path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
         with contextlib.suppress(OSError):
             text = path.read_text(errors="replace").splitlines()
-            # The ranks' own one-line reports say more than torchrun's summary of them.
-            ours = [line for line in text if line.startswith("ecrl trainer (rank")]
-            shown = ours[-lines:] or text[-lines:]
-            self.err(f"  {'from' if ours else 'last lines of'} {path}:")
+            # The ranks' own one-line reports say more than torchrun's summary of them; failing
+            # that, the first traceback (a rank's; torchrun's own comes after it).
+            shown = [line for line in text if line.startswith("ecrl trainer (rank")][-lines:]
+            if not shown and "Traceback (most recent call last):" in text:
+                start = text.index("Traceback (most recent call last):")
+                end = next((i for i in range(start + 1, len(text))
+                            if text[i] and not text[i][0].isspace()), len(text) - 1)
+                shown = text[start : end + 1][-lines:]
+            shown = shown or text[-lines:]
+            self.err(f"  from {path}:")
             for line in shown:
                 self.err(f"  | {line}")

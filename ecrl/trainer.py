@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from ecrl.sampler import ResumableSampler
 from ecrl.semantics import Geometry, format_hash, ids_hash, mix64_int
 from ecrl.strategies import CheckpointContext, make_strategy
 
-__all__ = ["FINAL_DIR", "main", "params_digest"]
+__all__ = ["FINAL_DIR", "ResumePoint", "Trainer", "main", "params_digest"]
 
 FINAL_DIR = "final"
 
@@ -66,7 +67,7 @@ def params_digest(state: dict[str, torch.Tensor]) -> str:
     for name, tensor in state.items():
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return f"sha256:{h.hexdigest()}"
 
 
@@ -81,8 +82,18 @@ def _rank_seed(seed: int, rank: int, step: int) -> int:
     return mix64_int(mix64_int(seed) ^ mix64_int(rank * 2**32 + step)) & (2**63 - 1)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumePoint:
+    """The checkpoint the supervisor chose for this attempt (what latest.json named)."""
+
+    step: int
+    path: str
+    """Relative to ``checkpoints/``."""
+    checksum: str
+
+
 class Trainer:
-    def __init__(self, *, paths: RunPaths, attempt: int, resume: dict[str, Any] | None,
+    def __init__(self, *, paths: RunPaths, attempt: int, resume: ResumePoint | None,
                  failures: FailurePlan) -> None:
         self.paths = paths
         self.attempt = attempt
@@ -116,18 +127,17 @@ class Trainer:
 
     def _load_checkpoint(self) -> Any:
         assert self.resume is not None
-        ckpt = read_verified(self.paths.checkpoints / self.resume["path"],
-                             expected_checksum=self.resume["checksum"])
+        ckpt = read_verified(self.paths.checkpoints / self.resume.path,
+                             expected_checksum=self.resume.checksum)
         meta = ckpt.meta
-        if meta.get("global_step") != self.resume["step"]:
+        if meta.get("global_step") != self.resume.step:
             raise CheckpointError(
                 f"{ckpt.path}: holds step {meta.get('global_step')}, the supervisor asked for "
-                f"step {self.resume['step']}"
+                f"step {self.resume.step}"
             )
-        for key in ("seed", "global_batch", "dataset_size", "model"):
-            mine = {"seed": self.manifest.seed, "global_batch": self.manifest.global_batch,
-                    "dataset_size": self.manifest.dataset_size,
-                    "model": self.manifest.model}[key]
+        expected = {"seed": self.manifest.seed, "global_batch": self.manifest.global_batch,
+                    "dataset_size": self.manifest.dataset_size, "model": self.manifest.model}
+        for key, mine in expected.items():
             if meta.get(key) != mine:
                 raise CheckpointError(
                     f"{ckpt.path}: written by a run with {key}={meta.get(key)!r}, this run has "
@@ -181,7 +191,8 @@ class Trainer:
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             sampler.load_state_dict(saved["sampler"])
-            if sampler.next_step != self.resume["step"] + 1:  # type: ignore[index]
+            assert self.resume is not None
+            if sampler.next_step != self.resume.step + 1:
                 raise CheckpointError("the checkpoint's sampler position disagrees with its step")
             self._restore_rng(saved["rng"], sampler.next_step)
         else:
@@ -281,8 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = RunPaths.of(args.run_dir)
     resume = None
     if args.resume_step is not None:
-        resume = {"step": args.resume_step, "path": args.resume_path,
-                  "checksum": args.resume_checksum}
+        resume = ResumePoint(step=args.resume_step, path=args.resume_path,
+                             checksum=args.resume_checksum)
     failures = FailurePlan(steps=frozenset(parse_int_list("--fail-at", args.fail_at)),
                            rank=args.fail_rank)
     rank = int(os.environ.get("RANK", "0"))

@@ -34,3 +34,14 @@ def test_tiny_cnn_dropout_uses_the_rng() -> None:
 def test_unknown_model() -> None:
     with pytest.raises(ConfigError, match="resnet34"):
         build_model("resnet34", num_classes=10)
+
+
+def test_params_digest_covers_every_tensor() -> None:
+    from ecrl.trainer import params_digest
+
+    torch.manual_seed(0)
+    state = build_model("resnet18", num_classes=10).state_dict()  # has 0-dim int64 buffers
+    digest = params_digest(state)
+    assert digest.startswith("sha256:") and digest == params_digest(dict(state))
+    state["layer1.0.bn1.num_batches_tracked"] += 1
+    assert params_digest(state) != digest

@@ -121,3 +121,29 @@ def test_resume_with_another_batch_or_seed_is_refused(blocking_run: Run) -> None
         assert result.stderr.count("\n") == 1 and word in result.stderr
         assert "use a new --out" in result.stderr
     assert {p: p.read_bytes() for p in files} == files
+
+
+def test_a_killed_supervisor_takes_its_job_along_and_the_run_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "--dataset-size", "2048", "--global-batch", "8",
+            "--steps", "300", "--ckpt-every", "10", "--strategy", "overlapped",
+            "--world-sizes", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    log = out / "logs" / "attempt-000" / "rank-000.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and log.read_bytes().count(b"\n")
+                                               >= 25):
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no handler runs, supervisor.json still says "running"
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_mentioning(str(out)) == []  # torchrun, the rank, the writer: all gone
+    assert load_run(out).state.status == "running"
+    resumed = ecrl("run", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    view = load_run(out)
+    assert [a.status for a in view.state.attempts] == ["failed", "completed"]
+    check_exactly_once(view)
