@@ -108,7 +108,7 @@ class WriterClient:
 
     @classmethod
     def start(cls, *, run_dir: str, attempt: int, keep: int, max_inflight: int,
-              nice: int = 10) -> WriterClient:
+              nice: int = 19) -> WriterClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "ecrl.bgwriter", "--fd", str(theirs.fileno()),
                "--run-dir", run_dir, "--attempt", str(attempt), "--keep", str(keep),
@@ -332,14 +332,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--keep", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--nice", type=int, default=10)
+    parser.add_argument("--nice", type=int, default=19)
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     # Signals meant for the trainer's process group (torchrun's SIGTERM on teardown) end us too,
     # quietly; Ctrl-C is the supervisor's business.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
-        os.nice(args.nice)  # training comes first on a shared core
+        # Lowest CPU priority: where the writer has to share a core with training, training
+        # keeps almost all of it; on an idle core the writer runs at full speed.
+        os.nice(args.nice)
     conn = Connection(args.fd)
     _serve(conn, RunPaths.of(args.run_dir), attempt=args.attempt, keep=args.keep)
     return 0

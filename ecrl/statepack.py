@@ -1,12 +1,12 @@
 """StatePack: everything a resumed attempt needs, laid out as one checkpoint image.
 
 A state is a tree of dicts, lists, tuples, scalars, strings, NumPy arrays and tensors (the model,
-optimizer and scheduler ``state_dict``s, the sampler position, the step counter and every rank's
-RNG states). :func:`encode` replaces each tensor by a reference and turns the rest into JSON
-(tuples, non-string dict keys and non-finite floats are tagged so that they come back as they
-were). :func:`snapshot_into` copies the tensors straight into a buffer laid out like the file
-(:mod:`ecrl.ckptfile`): the only per-checkpoint cost on the training path is one copy per tensor.
-:func:`decode` rebuilds the tree from a verified file.
+optimizer and scheduler ``state_dict``s, the sampler position and every rank's RNG states).
+:func:`encode` replaces each tensor and array by a reference and turns the rest into JSON (tuples,
+non-string dict keys and non-finite floats are tagged so that they come back as they were).
+:func:`snapshot_into` copies the tensors and arrays, as raw bytes, straight into a buffer laid out
+like the file (:mod:`ecrl.ckptfile`): the only per-checkpoint cost on the training path is one
+copy per tensor. :func:`decode` rebuilds the tree from a verified file.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class EncodedState:
     """A state tree with tensors pulled out, ready to be laid out and copied."""
 
     tree: Any
-    tensors: list[torch.Tensor]
+    tensors: list[torch.Tensor | np.ndarray]
     entries: list[dict[str, Any]]
     """Per tensor: dtype, shape, nbytes and (once laid out) its offset in the data section."""
     layout: Layout
@@ -52,7 +52,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
     """Separate ``state``'s tensors from its structure and plan the image layout."""
-    tensors: list[torch.Tensor] = []
+    tensors: list[torch.Tensor | np.ndarray] = []
     entries: list[dict[str, Any]] = []
 
     def walk(value: Any, where: str) -> Any:
@@ -67,8 +67,11 @@ def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
         if isinstance(value, float):
             return value if math.isfinite(value) else {_FLOAT: repr(value)}
         if isinstance(value, np.ndarray):
-            return {_NDARRAY: {"dtype": value.dtype.str, "shape": list(value.shape),
-                               "data": value.ravel().tolist()}}
+            a = np.ascontiguousarray(value)
+            entries.append({"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes,
+                            "kind": "numpy"})
+            tensors.append(a)
+            return {_NDARRAY: len(tensors) - 1}
         if isinstance(value, np.generic):
             return walk(value.item(), where)
         if isinstance(value, Mapping):
@@ -97,8 +100,13 @@ def snapshot_into(state: EncodedState, image: memoryview) -> None:
         nbytes = int(entry["nbytes"])
         if not nbytes:
             continue
-        target = torch.frombuffer(image, dtype=torch.uint8, count=nbytes,
-                                  offset=layout.data_start + int(entry["offset"]))
+        start = layout.data_start + int(entry["offset"])
+        if isinstance(tensor, np.ndarray):
+            target_bytes = np.frombuffer(image, dtype=np.uint8, count=nbytes, offset=start)
+            target_bytes[:] = tensor.reshape(-1).view(np.uint8)
+            del target_bytes
+            continue
+        target = torch.frombuffer(image, dtype=torch.uint8, count=nbytes, offset=start)
         target.view(tensor.dtype).view(tensor.shape).copy_(tensor)
         del target
 
@@ -106,6 +114,14 @@ def snapshot_into(state: EncodedState, image: memoryview) -> None:
 def decode(ckpt: VerifiedCheckpoint) -> Any:
     """The state tree of a verified checkpoint, with fresh (owned, CPU) tensors."""
     entries: Sequence[dict[str, Any]] = ckpt.header["tensors"]
+
+    def array(index: int) -> np.ndarray:
+        entry = entries[index]
+        start = ckpt.data_start + int(entry["offset"])
+        raw = np.frombuffer(ckpt.data, dtype=np.dtype(entry["dtype"]),
+                            count=int(entry["nbytes"]) // np.dtype(entry["dtype"]).itemsize,
+                            offset=start)
+        return raw.reshape(entry["shape"]).copy()
 
     def tensor(index: int) -> torch.Tensor:
         entry = entries[index]
@@ -136,17 +152,22 @@ def decode(ckpt: VerifiedCheckpoint) -> Any:
             if tag == _FLOAT:
                 return float(inner)
             if tag == _NDARRAY:
-                return np.array(inner["data"], dtype=np.dtype(inner["dtype"])).reshape(
-                    inner["shape"])
+                return array(inner)
         return {k: walk(v) for k, v in value.items()}
 
     return walk(ckpt.header["tree"])
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states: Python, NumPy, torch CPU and (when present) every CUDA device."""
+    """This process's RNG states: Python, NumPy, torch CPU and (when present) every CUDA device.
+
+    Python's Mersenne Twister state (625 words) travels as a uint32 array, so that it is copied as
+    bytes rather than written into the JSON header number by number.
+    """
+    version, words, gauss = random.getstate()
     return {
-        "python": random.getstate(),
+        "python": {"version": version, "words": np.array(words, dtype=np.uint32),
+                   "gauss": gauss},
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -155,7 +176,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     """Inverse of :func:`rng_state`."""
-    random.setstate(state["python"])
+    python = state["python"]
+    random.setstate((python["version"], tuple(int(w) for w in python["words"]),
+                     python["gauss"]))
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():

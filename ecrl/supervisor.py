@@ -193,6 +193,21 @@ class _Progress:
         self.window = self.window[-1:]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Outcome:
+    """How one attempt ended, as the supervisor classifies it."""
+
+    attempt: int
+    exit_code: int
+    last_step: int | None
+    status: str
+    """completed, failed or stopped."""
+    fired: FiredFailure | None
+    """The injected failure that ended it, if one did."""
+    fatal: str | None
+    """The message of an error no restart can fix, if a rank reported one."""
+
+
 @dataclass(slots=True)
 class Supervisor:
     """Runs one ``ecrl run``; :meth:`run` returns the exit code."""
@@ -364,13 +379,11 @@ class Supervisor:
     def run(self) -> int:
         if not self._open_run():
             return EXIT_OK
-        target = self.manifest.target_steps
-        c = self.config
-        self.out(f"ecrl run: {self.paths.root} · {self.manifest.dataset['name']} "
-                 f"D={self.manifest.dataset_size} · {self.manifest.model} · "
-                 f"B={self.manifest.global_batch} · {target} steps · strategy "
-                 f"{self.manifest.strategy} every {self.manifest.ckpt_every} · world sizes "
-                 f"{','.join(map(str, self.manifest.world_sizes))}")
+        m = self.manifest
+        self.out(f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
+                 f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
+                 f"{m.strategy} every {m.ckpt_every} · world sizes "
+                 f"{','.join(map(str, m.world_sizes))}")
         relaunches = 0
         with self._signals():
             while True:
@@ -383,72 +396,84 @@ class Supervisor:
                     self.err(f"ecrl run: error: {exc}")
                     self._finish("failed")
                     return EXIT_FAILED
-                attempt = self._next_attempt()
-                world = self.manifest.world_size_of(attempt)
-                fail_at = remaining(self.manifest.fail_at, self._fired())
-                start = 0 if pointer is None else pointer.global_step + 1
-                record = SupervisorAttempt(
-                    attempt=attempt, world_size=world,
-                    resumed_from_step=None if pointer is None else pointer.global_step,
-                    first_step=None, last_step=None, exit_code=None, status="running",
-                    start_time=time.time(), end_time=None)
-                self.state = replace(self.state, attempts=[*self.state.attempts, record],
-                                     restarts=max(0, len(self.state.attempts)))
-                self._save()
-                how = ("fresh start" if pointer is None
-                       else f"resume after step {pointer.global_step}")
-                self.out(f"[attempt {attempt}] world size {world}, {how}, steps {start}.."
-                         f"{target - 1}" + (f", failures at {fail_at}" if fail_at else ""))
-                code = self._launch(attempt, world, pointer, fail_at)
-                first, last = attempt_steps(self.paths, attempt, world)
-                fired = read_fired(self.paths, attempt)
-                fatal = read_fatal(self.paths, attempt)
-                if self._stop is not None:
-                    status = "stopped"
-                elif code == 0 and last == target - 1:
-                    status = "completed"
-                else:
-                    status = "failed"
-                record = replace(record, first_step=first, last_step=last, exit_code=code,
-                                 status=status, end_time=time.time())
-                extra = dict(self.state.extra)
-                if fired is not None and status == "failed":
-                    extra["injected_failures"] = [*extra.get("injected_failures", []),
-                                                  {"attempt": attempt,
-                                                   "global_step": fired.global_step,
-                                                   "rank": fired.rank}]
-                self.state = replace(self.state, attempts=[*self.state.attempts[:-1], record],
-                                     extra=extra)
-                self._save()
-                if status == "completed":
-                    self._finish("completed")
-                    self._print_summary()
-                    return EXIT_OK
-                if status == "stopped":
-                    self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl run "
-                             f"--out {self.paths.root}` again to continue")
-                    self._finish("stopped")
-                    return EXIT_STOPPED
-                if fatal is not None:
-                    self.err(f"ecrl run: error: {fatal}")
-                    self._finish("failed")
-                    return EXIT_FAILED
-                latest = read_latest(self.paths)
-                after = "no checkpoint yet" if latest is None else \
-                    f"latest checkpoint: step {latest.global_step}"
-                if fired is not None:
-                    self.out(f"[attempt {attempt}] injected failure after step "
-                             f"{fired.global_step} (rank {fired.rank}, exit 137); {after}")
-                else:
-                    self.err(f"[attempt {attempt}] crashed (torchrun exit {code}) after step "
-                             f"{last}; {after}")
-                    self._show_log_tail(attempt)
-                if relaunches >= c.effective_max_restarts:
-                    self.err(f"ecrl run: restart limit reached (--max-restarts "
-                             f"{c.effective_max_restarts}); the run stops at step {last}")
-                    self._finish("failed")
-                    return EXIT_FAILED
+                outcome = self._attempt(pointer)
+                code = self._conclude(outcome, relaunches)
+                if code is not None:
+                    return code
                 relaunches += 1
+
+    def _attempt(self, pointer: LatestPointer | None) -> _Outcome:
+        """Launch one attempt from ``pointer``, wait for it, record and classify its end."""
+        target = self.manifest.target_steps
+        attempt = self._next_attempt()
+        world = self.manifest.world_size_of(attempt)
+        fail_at = remaining(self.manifest.fail_at, self._fired())
+        record = SupervisorAttempt(
+            attempt=attempt, world_size=world,
+            resumed_from_step=None if pointer is None else pointer.global_step,
+            first_step=None, last_step=None, exit_code=None, status="running",
+            start_time=time.time(), end_time=None)
+        self.state = replace(self.state, attempts=[*self.state.attempts, record],
+                             restarts=len(self.state.attempts))
+        self._save()
+        how = "fresh start" if pointer is None else f"resume after step {pointer.global_step}"
+        start = 0 if pointer is None else pointer.global_step + 1
+        self.out(f"[attempt {attempt}] world size {world}, {how}, steps {start}..{target - 1}"
+                 + (f", failures at {fail_at}" if fail_at else ""))
+        code = self._launch(attempt, world, pointer, fail_at)
+        first, last = attempt_steps(self.paths, attempt, world)
+        outcome = _Outcome(attempt=attempt, exit_code=code, last_step=last,
+                           fired=read_fired(self.paths, attempt),
+                           fatal=read_fatal(self.paths, attempt), status="failed")
+        if code == 0 and last == target - 1:
+            outcome = replace(outcome, status="completed")
+        elif self._stop is not None:
+            outcome = replace(outcome, status="stopped")
+        extra = dict(self.state.extra)
+        if outcome.fired is not None and outcome.status == "failed":
+            fired = {"attempt": attempt, "global_step": outcome.fired.global_step,
+                     "rank": outcome.fired.rank}
+            extra["injected_failures"] = [*extra.get("injected_failures", []), fired]
+        record = replace(record, first_step=first, last_step=last, exit_code=code,
+                         status=outcome.status, end_time=time.time())
+        self.state = replace(self.state, attempts=[*self.state.attempts[:-1], record],
+                             extra=extra)
+        self._save()
+        return outcome
+
+    def _conclude(self, outcome: _Outcome, relaunches: int) -> int | None:
+        """Report how an attempt ended; the exit code when the run ends, None to relaunch."""
+        attempt, last = outcome.attempt, outcome.last_step
+        if outcome.status == "completed":
+            self._finish("completed")
+            self._print_summary()
+            return EXIT_OK
+        if outcome.status == "stopped":
+            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl run --out "
+                     f"{self.paths.root}` again to continue")
+            self._finish("stopped")
+            return EXIT_STOPPED
+        if outcome.fatal is not None:
+            self.err(f"ecrl run: error: {outcome.fatal}")
+            self._finish("failed")
+            return EXIT_FAILED
+        latest = read_latest(self.paths)
+        after = ("no checkpoint yet" if latest is None
+                 else f"latest checkpoint: step {latest.global_step}")
+        if outcome.fired is not None:
+            self.out(f"[attempt {attempt}] injected failure after step "
+                     f"{outcome.fired.global_step} (rank {outcome.fired.rank}, exit 137); {after}")
+        else:
+            self.err(f"[attempt {attempt}] crashed (torchrun exit {outcome.exit_code}) after "
+                     f"step {last}; {after}")
+            self._show_log_tail(attempt)
+        limit = self.config.effective_max_restarts
+        if relaunches >= limit:
+            self.err(f"ecrl run: restart limit reached (--max-restarts {limit}); the run stops "
+                     f"after step {last}")
+            self._finish("failed")
+            return EXIT_FAILED
+        return None
 
     def _print_summary(self) -> None:
         from ecrl.summary import render_summary, summarize

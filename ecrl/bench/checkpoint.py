@@ -18,9 +18,14 @@ GPU node; the same settings apply to all three strategies.
 
 from __future__ import annotations
 
+import functools
+import os
+import resource
 import shutil
 import statistics
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +67,45 @@ def _cases(quick: bool) -> list[_Case]:
             _Case(model="resnet50", global_batch=8, every=50, intervals=3)]
 
 
+def _busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has been busy (Linux), to tell our load from others'."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass(slots=True)
+class _Load:
+    """Cores kept busy by processes other than the benchmark's own, on average."""
+
+    other_cpu_s: float = 0.0
+    wall_s: float = 0.0
+    known: bool = True
+
+    def measure(self, fn: Callable[[], RunPaths]) -> RunPaths:
+        busy0, ours0, t0 = _busy_cpu_s(), _children_cpu_s(), time.monotonic()
+        result = fn()
+        busy1, ours1, t1 = _busy_cpu_s(), _children_cpu_s(), time.monotonic()
+        if busy0 is None or busy1 is None:
+            self.known = False
+        else:
+            self.other_cpu_s += max(0.0, (busy1 - busy0) - (ours1 - ours0))
+        self.wall_s += t1 - t0
+        return result
+
+    def cores(self) -> float | None:
+        return self.other_cpu_s / self.wall_s if self.known and self.wall_s else None
+
+
 def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress) -> RunPaths:
     from ecrl.supervisor import EXIT_OK, Supervisor
 
@@ -89,18 +133,28 @@ def _steps_per_s(paths: RunPaths, window: tuple[int, int]) -> float:
     return (last - first) / (times[last] - times[first])
 
 
+def _load_note(load: _Load) -> str:
+    cores = load.cores()
+    if cores is None:
+        return "load from other processes unknown"
+    return f"other processes kept {cores:.2f} of {os.cpu_count()} cores busy meanwhile"
+
+
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     rows: list[BenchRow] = []
     targets: list[Target] = []
-    repeats = 1 if quick else 2
+    repeats = 1 if quick else 3
     root = Path(tempfile.mkdtemp(prefix="ecrl-bench-checkpoint-"))
     try:
         for case in _cases(quick):
             # Interleaved, so that a burst of load from elsewhere hits every strategy alike.
             order = ["none", "overlapped", "blocking"] + ["none", "overlapped"] * (repeats - 1)
             runs: dict[str, list[RunPaths]] = {"none": [], "blocking": [], "overlapped": []}
+            load = _Load()
             for strategy in order:
-                runs[strategy].append(_train(root, case, strategy, len(runs[strategy]), progress))
+                repeat = len(runs[strategy])
+                runs[strategy].append(load.measure(
+                    functools.partial(_train, root, case, strategy, repeat, progress)))
             blocking = [e for p in runs["blocking"] for e in _stalls(p)]
             overlapped = [e for p in runs["overlapped"] for e in _stalls(p)]
             b_stall = statistics.median(e.stall_s for e in blocking)
@@ -123,7 +177,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                        "(higher is better)",
                 candidate_value=o_rate, alternative_value=none_rate,
                 note=f"blocking every {case.every}: {b_rate:.3g} steps/s "
-                     f"({b_rate / none_rate:.1%})"))
+                     f"({b_rate / none_rate:.1%}); {_load_note(load)}"))
             ratio = o_stall / b_stall
             targets.append(Target(
                 description=f"{case.model}: overlapped stall <= {STALL_TARGET:.0%} of blocking",
@@ -146,7 +200,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
             f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
             "number of checkpoints in every run)",
-            f"{'one run' if quick else 'two runs'} of none and overlapped, interleaved; "
+            f"{'one run' if quick else 'three runs'} of none and overlapped, interleaved; "
             "throughput is the best of the runs, stall the median over all checkpoints",
             "one rank, one torch thread per run (--threads 1), so that the background writer "
             "has a core of its own on a 2-core machine, as it would next to a GPU; "
