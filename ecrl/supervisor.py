@@ -246,8 +246,7 @@ class Supervisor:
                 self.out(f"ecrl run: {root} is already complete ({existing.target_steps} steps); "
                          "nothing to do")
                 return False
-            attempts = [replace(a, status="failed") if a.status == "running" else a
-                        for a in state.attempts]  # a supervisor that was killed outright
+            attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
             config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             write_json_record(self.paths.manifest, self.manifest)
@@ -266,6 +265,14 @@ class Supervisor:
                                          extra={"injected_failures": []})
         self._save()
         return True
+
+    def _stale(self, a: SupervisorAttempt) -> SupervisorAttempt:
+        """An attempt left 'running' by a supervisor that was killed outright: its torchrun died
+        with it (parent-death signal), so it failed; the logs say how far it got."""
+        first, last = attempt_steps(self.paths, a.attempt, a.world_size)
+        logs = self.paths.rank_logs(a.attempt).values()
+        end = max((p.stat().st_mtime for p in logs), default=None)
+        return replace(a, status="failed", first_step=first, last_step=last, end_time=end)
 
     def _take_lock(self) -> None:
         handle = open(self.paths.root / LOCK_FILE, "ab")  # noqa: SIM115 - held for the run
