@@ -205,4 +205,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "one rank, one torch thread per run (--threads 1), so that the background writer "
             "has a core of its own on a 2-core machine, as it would next to a GPU; "
             "max-inflight 2; fake data, D=50000",
+            "where other processes keep cores busy (the figure in each throughput row), they take "
+            "the writer's core and the throughput ratios measure that load more than ECRL: an "
+            "overlapped run faster than the run without checkpoints is such noise; the stall rows "
+            "are robust to it. Full run: about 12 minutes on the 2-core machine; --quick (tiny "
+            "CNN only) about 35 s",
         ])

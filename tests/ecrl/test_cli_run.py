@@ -50,3 +50,28 @@ def test_out_must_be_a_run_or_empty(tmp_path: Path) -> None:
     out = ecrl("run", "--out", "run", cwd=tmp_path)
     assert out.returncode == 2 and "is not an ECRL run directory" in out.stderr
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["thesis.tex"]
+
+
+def test_run_flags_are_pinned() -> None:
+    # A change to the surface of `ecrl run` must be deliberate: update this list and the docs.
+    from ecrl.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    run = sub.choices["run"]  # type: ignore[attr-defined]
+    flags = sorted(o for a in run._actions for o in a.option_strings if o.startswith("--"))
+    assert flags == sorted([
+        "--help", "--config", "--out", "--nproc", "--world-sizes", "--dataset", "--data-dir",
+        "--dataset-size", "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every",
+        "--strategy", "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids",
+        "--max-restarts", "--deadline", "--keep-checkpoints", "--lr", "--image-size",
+        "--threads", "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint",
+        "--rdzv-id", "--rdzv-conf"])
+
+
+def test_demo_never_replaces_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
+    (tmp_path / "demo-run").mkdir()
+    (tmp_path / "demo-run" / "notes.txt").write_text("mine")
+    out = ecrl("demo", cwd=tmp_path)
+    assert out.returncode == 2 and "is not an ECRL run" in out.stderr
+    assert (tmp_path / "demo-run" / "notes.txt").read_text() == "mine"
