@@ -10,8 +10,13 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ecrl.errors import EcrlError
+from ecrl.errors import ConfigError, EcrlError
+from ecrl.runconfig import BUILT_STRATEGIES
+
+if TYPE_CHECKING:
+    from ecrl.runconfig import RunConfig
 
 NOT_BUILT_EXIT = 2
 
@@ -23,28 +28,88 @@ def _not_built(name: str, issue: str) -> int:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    # No defaults here (None = not given): defaults live in RunConfig, so that a TOML file given
+    # with --config can set anything a flag can, and a flag given on the command line wins.
     p.add_argument("--config", metavar="TOML", help="read any of these flags from a TOML file")
     p.add_argument("--out", metavar="DIR", help="run directory (created; resumed if it exists)")
-    p.add_argument("--nproc", type=int, metavar="N", help="processes per node for torchrun")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="processes per node, the same for every attempt")
     p.add_argument("--world-sizes", metavar="W0,W1,…",
-                   help="world size of attempt 0, 1, …; the last one repeats")
-    p.add_argument("--dataset", choices=["fake", "cifar10", "cifar100", "imagefolder"])
+                   help="world size of attempt 0, 1, …; the last one repeats (default 1)")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="fake (generated, default), cifar10, cifar100 or imagefolder")
     p.add_argument("--data-dir", metavar="DIR",
                    help="dataset root for cifar10, cifar100 and imagefolder")
-    p.add_argument("--dataset-size", type=int, metavar="D", help="samples in the fake dataset")
-    p.add_argument("--model", choices=["tiny-cnn", "resnet18", "resnet50"])
-    p.add_argument("--global-batch", type=int, metavar="B", help="samples per step over all ranks")
-    p.add_argument("--steps", type=int, metavar="T", help="committed steps to reach")
+    p.add_argument("--dataset-size", type=int, metavar="D",
+                   help="samples in the fake dataset (default 4096)")
+    p.add_argument("--model", metavar="NAME", help="tiny-cnn (default), resnet18 or resnet50")
+    p.add_argument("--global-batch", type=int, metavar="B",
+                   help="samples per step over all ranks (default 32)")
+    p.add_argument("--steps", type=int, metavar="T", help="committed steps to reach (default 200)")
     p.add_argument("--epochs", type=int, metavar="E", help="alternative to --steps")
-    p.add_argument("--ckpt-every", type=int, metavar="K", help="checkpoint every K steps")
-    p.add_argument("--strategy", choices=["none", "blocking", "overlapped", "sharded", "jit"])
-    p.add_argument("--max-inflight", type=int, metavar="N", help="overlapped: pending writes")
-    p.add_argument("--fail-at", metavar="STEPS", help="inject a failure after these global steps")
+    p.add_argument("--ckpt-every", type=int, metavar="K",
+                   help="checkpoint after every K-th step (default 50; 0: never)")
+    p.add_argument("--strategy", metavar="NAME",
+                   help="none, blocking or overlapped (default); sharded and jit: not built yet")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="overlapped: pending background writes before back-pressure (default 2)")
+    p.add_argument("--fail-at", metavar="STEPS",
+                   help="inject a failure after these global steps, e.g. 400,1200")
     p.add_argument("--fail-rank", type=int, metavar="R", help="rank that fails (default 0)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--log-ids", action="store_true", help="log full sample IDs, not only hashes")
-    p.add_argument("--max-restarts", type=int, metavar="N")
-    p.add_argument("--deadline", metavar="TIME", help="take a final checkpoint before this time")
+    p.add_argument("--seed", type=int, help="seed of the sample order, weights and RNGs (0)")
+    p.add_argument("--log-ids", action="store_true", default=None,
+                   help="log full sample IDs, not only count and hash")
+    p.add_argument("--max-restarts", type=int, metavar="N",
+                   help="relaunches allowed after failures (default: failures injected + 3)")
+    p.add_argument("--deadline", metavar="TIME",
+                   help="take a final checkpoint before this time (not built yet)")
+    p.add_argument("--keep-checkpoints", type=int, metavar="K",
+                   help="retention: keep the newest K >= 2 checkpoints (default 2)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 0.05)")
+    p.add_argument("--image-size", type=int, metavar="PX",
+                   help="input side for fake and imagefolder data (default 32)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads per rank (default: cores / ranks per node)")
+    p.add_argument("--collective-timeout-s", type=float, metavar="S",
+                   help="timeout of every collective (default 60)")
+    p.add_argument("--nnodes", type=int, metavar="N", help="torchrun --nnodes (multi-node)")
+    p.add_argument("--rdzv-backend", metavar="NAME", help="torchrun --rdzv-backend")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
+    p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id")
+    p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
+
+
+_RUN_KEYS = ("out", "world_sizes", "dataset", "data_dir", "dataset_size", "model",
+             "global_batch", "steps", "epochs", "ckpt_every", "strategy", "max_inflight", "fail_at",
+             "fail_rank", "seed", "log_ids", "max_restarts", "deadline", "keep_checkpoints", "lr",
+             "image_size", "threads", "collective_timeout_s", "nnodes", "rdzv_backend",
+             "rdzv_endpoint", "rdzv_id", "rdzv_conf")
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    import time
+
+    from ecrl.runconfig import load_config
+
+    flags = {key: getattr(args, key) for key in _RUN_KEYS}
+    if args.nproc is not None:
+        if args.world_sizes is not None:
+            raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
+                              "(one per attempt), not both")
+        flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+    default_out = time.strftime("runs/run-%Y%m%d-%H%M%S")
+    return load_config(flags, config_file=args.config, default_out=default_out)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _run_config(args)
+    if config.strategy not in BUILT_STRATEGIES:
+        return _not_built(f"run --strategy {config.strategy}", "a later issue")
+    if config.deadline is not None:
+        return _not_built("run --deadline", "a later issue")
+    from ecrl.supervisor import Supervisor
+
+    return Supervisor(config).run()
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -54,9 +119,9 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # Until the runtime lands the demo is the semantics self-check, which must never fail.
-    print("ecrl demo: the DDP runtime is not built yet; showing the semantics self-check.")
-    return _cmd_selfcheck(args)
+    from ecrl.demo import run_demo
+
+    return run_demo(out=args.out)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -97,15 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser("demo", help="the embedded default: a small 2-rank run with failures")
+    demo.add_argument("--out", metavar="DIR", default="demo-run",
+                      help="run directory (default ./demo-run, replaced on every demo)")
     demo.set_defaults(func=_cmd_demo)
 
     run = sub.add_parser("run", help="one training run under the supervisor")
     _add_run_flags(run)
-    run.set_defaults(func=lambda a: _not_built("run", "issue #3, runtime"))
+    run.set_defaults(func=_cmd_run)
 
     matrix = sub.add_parser("matrix", help="the experiment matrix (suites × variants)")
     matrix.add_argument("config", metavar="CONFIG")
-    matrix.set_defaults(func=lambda a: _not_built("matrix", "issue #3, runtime"))
+    matrix.set_defaults(func=lambda a: _not_built("matrix", "a later issue"))
 
     advise = sub.add_parser("advise", help="checkpoint-interval advice from the seed models")
     advise.set_defaults(func=lambda a: _not_built("advise", "no issue yet"))

@@ -532,10 +532,14 @@ class JsonlWriter:
         self.close()
 
 
-def write_json_record(path: str | os.PathLike[str], record: _Record) -> None:
-    """Atomically replace ``path`` with ``record`` (pretty-printed: people read these files)."""
+def write_json_record(path: str | os.PathLike[str], record: _Record, *,
+                      hook: Callable[[str], None] | None = None) -> None:
+    """Atomically replace ``path`` with ``record`` (pretty-printed: people read these files).
+
+    ``hook`` is passed to :func:`ecrl.atomicio.atomic_write_bytes` (crash tests).
+    """
     text = json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
 
 
 def read_json_record(path: str | os.PathLike[str], record: type[R]) -> R:

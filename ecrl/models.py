@@ -1,0 +1,44 @@
+"""The models a run can train: a tiny CNN (tests, demo) and torchvision's ResNet-18/50."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ecrl.errors import ConfigError
+from ecrl.runconfig import MODELS
+
+__all__ = ["MODELS", "TinyCNN", "build_model"]
+
+
+
+class TinyCNN(nn.Module):
+    """Two conv blocks and a linear head (about 30k parameters for 32x32 inputs).
+
+    Its dropout draws from torch's RNG every step, so a resume that failed to restore the RNG
+    state would change the trajectory: the bit-identity tests depend on that.
+    """
+
+    def __init__(self, num_classes: int, *, channels: int = 3, side: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.1),
+                                  nn.Linear(32 * (side // 4) ** 2, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def build_model(name: str, *, num_classes: int, side: int = 32) -> nn.Module:
+    """A freshly initialised model (from torch's current RNG state; weights are never fetched)."""
+    if name == "tiny-cnn":
+        return TinyCNN(num_classes, side=side)
+    if name in ("resnet18", "resnet50"):
+        from torchvision import models
+
+        factory = models.resnet18 if name == "resnet18" else models.resnet50
+        return factory(weights=None, num_classes=num_classes)
+    raise ConfigError(f"unknown --model {name!r}: choose one of {', '.join(MODELS)}")

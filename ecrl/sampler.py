@@ -1,0 +1,68 @@
+"""The resumable global-batch sampler: which sample IDs this rank consumes at each step.
+
+A thin stateful layer over :mod:`ecrl.semantics`, which defines the windows and shards. Its state
+is the next step's ``{epoch, cursor_step, seed}`` plus the geometry; a checkpoint taken after step
+``c`` stores the state whose next step is ``c + 1``. Because the global window of a step does not
+depend on the world size, restoring the state into a job of another world size re-shards the same
+window: nothing is skipped or repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ecrl import semantics
+from ecrl.errors import SemanticsError
+
+__all__ = ["ResumableSampler"]
+
+
+class ResumableSampler:
+    """Yields ``(global_step, shard)`` for one rank, from a resumable position."""
+
+    def __init__(self, geometry: semantics.Geometry, *, seed: int, rank: int, world_size: int,
+                 start_step: int = 0) -> None:
+        geometry.local_batch(world_size)  # B % W is checked here, with the standard message
+        self.geometry = geometry
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self._state = semantics.SamplerState.at_step(geometry, seed, start_step)
+        self._stream: Iterator[tuple[int, Any]] | None = None
+
+    @property
+    def next_step(self) -> int:
+        return self._state.global_step
+
+    @property
+    def local_batch(self) -> int:
+        return self.geometry.local_batch(self.world_size)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return self
+
+    def __next__(self) -> tuple[int, Any]:
+        """The next step and this rank's shard (int64 IDs); advances the state."""
+        if self._stream is None:
+            self._stream = self._state.iter_shards(self.rank, self.world_size)
+        step, ids = next(self._stream)
+        self._state = semantics.SamplerState.at_step(self.geometry, self.seed, step + 1)
+        return step, ids
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the next step, in :meth:`ecrl.semantics.SamplerState.to_dict` form."""
+        return self._state.to_dict()
+
+    def load_state_dict(self, data: Mapping[str, Any]) -> None:
+        """Continue from a saved position; the geometry and seed must be this run's."""
+        state = semantics.SamplerState.from_dict(data)
+        if state.geometry != self.geometry or state.seed != self.seed:
+            raise SemanticsError(
+                f"the checkpoint's sampler was built for D={state.geometry.dataset_size}, "
+                f"B={state.geometry.global_batch}, seed={state.seed}, this run has "
+                f"D={self.geometry.dataset_size}, B={self.geometry.global_batch}, "
+                f"seed={self.seed}: resume with the run's own settings"
+            )
+        self._state = state
+        self._stream = None

@@ -1,0 +1,185 @@
+"""StatePack: everything a resumed attempt needs, laid out as one checkpoint image.
+
+A state is a tree of dicts, lists, tuples, scalars, strings, NumPy arrays and tensors (the model,
+optimizer and scheduler ``state_dict``s, the sampler position and every rank's RNG states).
+:func:`encode` replaces each tensor and array by a reference and turns the rest into JSON (tuples,
+non-string dict keys and non-finite floats are tagged so that they come back as they were).
+:func:`snapshot_into` copies the tensors and arrays, as raw bytes, straight into a buffer laid out
+like the file (:mod:`ecrl.ckptfile`): the only per-checkpoint cost on the training path is one
+copy per tensor. :func:`decode` rebuilds the tree from a verified file.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ecrl.ckptfile import CheckpointError, Layout, VerifiedCheckpoint, encode_prefix, plan_layout
+
+__all__ = [
+    "EncodedState",
+    "encode",
+    "snapshot_into",
+    "decode",
+    "rng_state",
+    "set_rng_state",
+]
+
+_TENSOR, _TUPLE, _DICT, _FLOAT, _NDARRAY = "$tensor", "$tuple", "$dict", "$float", "$ndarray"
+_TAGS = frozenset({_TENSOR, _TUPLE, _DICT, _FLOAT, _NDARRAY})
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedState:
+    """A state tree with tensors pulled out, ready to be laid out and copied."""
+
+    tree: Any
+    tensors: list[torch.Tensor | np.ndarray]
+    entries: list[dict[str, Any]]
+    """Per tensor: dtype, shape, nbytes and (once laid out) its offset in the data section."""
+    layout: Layout
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
+    """Separate ``state``'s tensors from its structure and plan the image layout."""
+    tensors: list[torch.Tensor | np.ndarray] = []
+    entries: list[dict[str, Any]] = []
+
+    def walk(value: Any, where: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            entries.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape),
+                            "nbytes": t.numel() * t.element_size()})
+            tensors.append(t)
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {_FLOAT: repr(value)}
+        if isinstance(value, np.ndarray):
+            a = np.ascontiguousarray(value)
+            entries.append({"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes,
+                            "kind": "numpy"})
+            tensors.append(a)
+            return {_NDARRAY: len(tensors) - 1}
+        if isinstance(value, np.generic):
+            return walk(value.item(), where)
+        if isinstance(value, Mapping):
+            if all(isinstance(k, str) and k not in _TAGS for k in value):
+                return {k: walk(v, f"{where}.{k}") for k, v in value.items()}
+            return {_DICT: [[walk(k, where), walk(v, f"{where}[{k!r}]")]
+                            for k, v in value.items()]}
+        if isinstance(value, tuple):
+            return {_TUPLE: [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        raise CheckpointError(
+            f"cannot checkpoint {where}: values of type {type(value).__name__} are not supported"
+        )
+
+    tree = walk(state, "state")
+    layout = plan_layout(meta=meta, tensors=entries, tree=tree)
+    return EncodedState(tree=tree, tensors=tensors, entries=entries, layout=layout)
+
+
+def snapshot_into(state: EncodedState, image: memoryview) -> None:
+    """Copy the header and every tensor of ``state`` into ``image`` (at least layout.size)."""
+    layout = state.layout
+    encode_prefix(layout, image)
+    for tensor, entry in zip(state.tensors, state.entries, strict=True):
+        nbytes = int(entry["nbytes"])
+        if not nbytes:
+            continue
+        start = layout.data_start + int(entry["offset"])
+        if isinstance(tensor, np.ndarray):
+            target_bytes = np.frombuffer(image, dtype=np.uint8, count=nbytes, offset=start)
+            target_bytes[:] = tensor.reshape(-1).view(np.uint8)
+            del target_bytes
+            continue
+        target = torch.frombuffer(image, dtype=torch.uint8, count=nbytes, offset=start)
+        target.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        del target
+
+
+def decode(ckpt: VerifiedCheckpoint) -> Any:
+    """The state tree of a verified checkpoint, with fresh (owned, CPU) tensors."""
+    entries: Sequence[dict[str, Any]] = ckpt.header["tensors"]
+
+    def array(index: int) -> np.ndarray:
+        entry = entries[index]
+        start = ckpt.data_start + int(entry["offset"])
+        raw = np.frombuffer(ckpt.data, dtype=np.dtype(entry["dtype"]),
+                            count=int(entry["nbytes"]) // np.dtype(entry["dtype"]).itemsize,
+                            offset=start)
+        return raw.reshape(entry["shape"]).copy()
+
+    def tensor(index: int) -> torch.Tensor:
+        entry = entries[index]
+        dtype = getattr(torch, entry["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
+        shape = tuple(entry["shape"])
+        nbytes = int(entry["nbytes"])
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        raw = torch.frombuffer(ckpt.data, dtype=torch.uint8, count=nbytes,
+                               offset=ckpt.data_start + int(entry["offset"]))
+        return raw.view(dtype).view(shape).clone()
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            (tag, inner), = value.items()
+            if tag == _TENSOR:
+                return tensor(inner)
+            if tag == _TUPLE:
+                return tuple(walk(v) for v in inner)
+            if tag == _DICT:
+                return {walk(k): walk(v) for k, v in inner}
+            if tag == _FLOAT:
+                return float(inner)
+            if tag == _NDARRAY:
+                return array(inner)
+        return {k: walk(v) for k, v in value.items()}
+
+    return walk(ckpt.header["tree"])
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states: Python, NumPy, torch CPU and (when present) every CUDA device.
+
+    Python's Mersenne Twister state (625 words) travels as a uint32 array, so that it is copied as
+    bytes rather than written into the JSON header number by number.
+    """
+    version, words, gauss = random.getstate()
+    return {
+        "python": {"version": version, "words": np.array(words, dtype=np.uint32),
+                   "gauss": gauss},
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    python = state["python"]
+    random.setstate((python["version"], tuple(int(w) for w in python["words"]),
+                     python["gauss"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

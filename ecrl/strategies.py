@@ -1,0 +1,216 @@
+"""Checkpoint strategies at the step boundary: ``none``, ``blocking``, ``overlapped``.
+
+Both saving strategies follow the boundary of seed ``000_…`` §4.3–4.6, with rank 0 the only
+writer:
+
+- ``blocking``: gather every rank's RNG states (the collective doubles as the opening barrier) →
+  rank 0 snapshots the state into a buffer laid out as the file and commits it durably
+  (:func:`ecrl.persist.commit_checkpoint`) → barrier. Training stalls for the whole write.
+- ``overlapped``: gather → rank 0 waits for a free slot if ``max_inflight`` writes are pending
+  (back-pressure) → snapshots into the slot → hands the job to the background writer process
+  (:mod:`ecrl.bgwriter`) → barrier. Training stalls only for the copy; the writer hashes, writes,
+  fsyncs and publishes ``latest.json`` while the next steps run.
+
+A checkpoint "at step c" captures the state after step c's update, and is due after every K-th
+step (``(c + 1) % K == 0``), except the run's last step, which ends the run instead.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from ecrl import statepack
+from ecrl.bgwriter import WriterClient
+from ecrl.ckptfile import FOOTER_SIZE, CheckpointError
+from ecrl.persist import CrashHook, commit_checkpoint
+from ecrl.runformat import CheckpointEvent, JsonlWriter, RunPaths
+from ecrl.semantics import Geometry
+
+__all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
+           "OverlappedCheckpoints", "make_strategy"]
+
+Capture = Callable[[list[dict[str, Any]]], Any]
+"""Given every rank's RNG states (rank order), the state tree to save."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointContext:
+    """What a strategy needs to know about the job it checkpoints."""
+
+    paths: RunPaths
+    attempt: int
+    rank: int
+    world_size: int
+    geometry: Geometry
+    target_steps: int
+    every: int
+    """K: checkpoint after every K-th step (0: never)."""
+    keep: int
+    max_inflight: int
+    capture: Capture
+    meta: Callable[[int], dict[str, Any]]
+    """Header metadata of the checkpoint at a step."""
+
+
+def _gather_rng(ctx: CheckpointContext) -> list[dict[str, Any]]:
+    mine = statepack.rng_state()
+    if ctx.world_size == 1:
+        return [mine]
+    gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    return gathered or []
+
+
+def _barrier(ctx: CheckpointContext) -> None:
+    if ctx.world_size > 1:
+        dist.barrier()
+
+
+class Strategy:
+    """The boundary protocol; subclasses say what rank 0 does in the middle."""
+
+    name = "none"
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        self.ctx = ctx
+
+    def due(self, step: int) -> bool:
+        every = self.ctx.every
+        return every > 0 and (step + 1) % every == 0 and step < self.ctx.target_steps - 1
+
+    def prepare(self) -> None:
+        """Allocate buffers ahead of the first checkpoint (called after the attempt's 1st step)."""
+
+    def checkpoint(self, step: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Make every checkpoint taken so far durable (end of the attempt)."""
+
+    def _encode(self, step: int, rngs: list[dict[str, Any]]) -> statepack.EncodedState:
+        return statepack.encode(self.ctx.capture(rngs), meta=self.ctx.meta(step))
+
+    def _size_hint(self) -> int:
+        rngs = [statepack.rng_state()] * self.ctx.world_size
+        return self._encode(0, rngs).layout.size
+
+
+class NoCheckpoints(Strategy):
+    name = "none"
+
+    def due(self, step: int) -> bool:
+        return False
+
+
+class BlockingCheckpoints(Strategy):
+    name = "blocking"
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        super().__init__(ctx)
+        self._buffer: mmap.mmap | None = None
+        self._events = JsonlWriter(ctx.paths.checkpoint_log(ctx.attempt)) if ctx.rank == 0 \
+            else None
+        self._crash = CrashHook.from_env(attempt=ctx.attempt)
+
+    def _ensure(self, size: int) -> mmap.mmap:
+        need = size + FOOTER_SIZE
+        if self._buffer is None or len(self._buffer) < need:
+            if self._buffer is not None:
+                self._buffer.close()
+            capacity = need + need // 8
+            # Populated up front so that page faults are not billed to the first checkpoint.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._buffer = mmap.mmap(-1, capacity, flags=flags)
+        return self._buffer
+
+    def prepare(self) -> None:
+        if self.ctx.rank == 0:
+            self._ensure(self._size_hint())
+
+    def checkpoint(self, step: int) -> None:
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        rngs = _gather_rng(ctx)
+        if ctx.rank == 0:
+            t1 = time.perf_counter()
+            state = self._encode(step, rngs)
+            buffer = self._ensure(state.layout.size)
+            statepack.snapshot_into(state, memoryview(buffer))
+            snapshot_s = time.perf_counter() - t1
+            epoch, cursor = ctx.geometry.locate(step)
+            try:
+                result = commit_checkpoint(
+                    ctx.paths, memoryview(buffer), state.layout.size, global_step=step,
+                    epoch=epoch, cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep,
+                    crash=self._crash)
+            except OSError as exc:  # disk full, permissions: a restart would not help
+                raise CheckpointError(
+                    f"writing the checkpoint of step {step} failed: {exc.strerror or exc} "
+                    f"({exc.filename or ctx.paths.checkpoints})") from None
+        _barrier(ctx)
+        if ctx.rank == 0 and self._events is not None:
+            self._events.write(CheckpointEvent(
+                global_step=step, strategy=self.name, snapshot_s=snapshot_s,
+                write_s=result.write_s + result.publish_s, enqueue_s=0.0, backpressure_s=0.0,
+                stall_s=time.perf_counter() - t0, bytes=result.bytes, path=result.path,
+                extra={"publish_s": result.publish_s, "attempt": ctx.attempt},
+            ))
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+        if self._buffer is not None:
+            self._buffer.close()
+
+
+class OverlappedCheckpoints(Strategy):
+    name = "overlapped"
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        super().__init__(ctx)
+        self._client = WriterClient.start(
+            run_dir=str(ctx.paths.root), attempt=ctx.attempt, keep=ctx.keep,
+            max_inflight=ctx.max_inflight) if ctx.rank == 0 else None
+
+    def prepare(self) -> None:
+        if self._client is not None:
+            self._client.prepare(self._size_hint())
+
+    def checkpoint(self, step: int) -> None:
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        rngs = _gather_rng(ctx)
+        job = None
+        if self._client is not None:
+            t1 = time.perf_counter()
+            state = self._encode(step, rngs)
+            encode_s = time.perf_counter() - t1
+            slot, backpressure_s = self._client.acquire(state.layout.size)
+            t2 = time.perf_counter()
+            statepack.snapshot_into(state, slot.view())
+            snapshot_s = encode_s + time.perf_counter() - t2
+            epoch, cursor = ctx.geometry.locate(step)
+            t2 = time.perf_counter()
+            job = self._client.submit(
+                slot, size=state.layout.size, global_step=step, epoch=epoch, cursor_step=cursor,
+                world_size=ctx.world_size, snapshot_s=snapshot_s, backpressure_s=backpressure_s)
+            enqueue_s = time.perf_counter() - t2
+        _barrier(ctx)
+        if self._client is not None and job is not None:
+            self._client.send_timing(job, enqueue_s=enqueue_s, stall_s=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def make_strategy(name: str, ctx: CheckpointContext) -> Strategy:
+    kinds: dict[str, type[Strategy]] = {"none": NoCheckpoints, "blocking": BlockingCheckpoints,
+                                        "overlapped": OverlappedCheckpoints}
+    return kinds[name](ctx)

@@ -1,0 +1,109 @@
+"""What a run achieved, from its run directory (torch-free): steps, restarts, replay, goodput.
+
+This is the runtime's own account, printed by ``ecrl run`` and ``ecrl demo``. The verifier
+(``ecrl-verify``) computes its metrics independently from the same files and is the authority on
+correctness; this summary checks nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+
+from ecrl.errors import RunFormatError
+from ecrl.runformat import (
+    CheckpointEvent,
+    JsonlReader,
+    RunManifest,
+    RunPaths,
+    SupervisorState,
+    read_json_record,
+)
+
+__all__ = ["RunSummary", "summarize", "render_summary"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSummary:
+    status: str
+    target_steps: int
+    committed_steps: int
+    """Steps of the committed lineage (0..committed_steps-1)."""
+    attempts: int
+    restarts: int
+    world_sizes: list[int]
+    """World size of each attempt."""
+    injected_failures: list[int]
+    """Steps after which a failure was injected."""
+    replayed_steps: int
+    """Steps a failed attempt ran after the checkpoint its successor resumed from."""
+    wall_s: float
+    goodput: float
+    """Committed steps per wall-clock second, restarts and replays included."""
+    checkpoints: int
+    stall_s_total: float
+    stall_s_median: float | None
+    write_s_median: float | None
+
+
+def summarize(root: str) -> RunSummary:
+    paths = RunPaths.of(root)
+    manifest = read_json_record(paths.manifest, RunManifest)
+    state = read_json_record(paths.supervisor, SupervisorState)
+    attempts = state.attempts
+    replayed = 0
+    for this, successor in itertools.pairwise(attempts):
+        if this.last_step is not None:
+            resumed = -1 if successor.resumed_from_step is None else successor.resumed_from_step
+            replayed += max(0, this.last_step - resumed)
+    committed = 0
+    if attempts:
+        last = attempts[-1]
+        if last.last_step is not None:
+            committed = last.last_step + 1
+        elif last.resumed_from_step is not None:
+            committed = last.resumed_from_step + 1
+    wall = 0.0
+    if attempts:
+        end = attempts[-1].end_time or time.time()
+        wall = max(0.0, end - attempts[0].start_time)
+    stalls: list[float] = []
+    writes: list[float] = []
+    for a in attempts:
+        path = paths.checkpoint_log(a.attempt)
+        if path.exists():
+            with contextlib.suppress(RunFormatError):
+                for _, event in JsonlReader(path, CheckpointEvent, torn_tail_ok=True):
+                    stalls.append(event.stall_s)
+                    writes.append(event.write_s)
+    return RunSummary(
+        status=state.status, target_steps=manifest.target_steps, committed_steps=committed,
+        attempts=len(attempts), restarts=state.restarts,
+        world_sizes=[a.world_size for a in attempts],
+        injected_failures=[int(f["global_step"])
+                           for f in state.extra.get("injected_failures", [])],
+        replayed_steps=replayed, wall_s=wall, goodput=committed / wall if wall else 0.0,
+        checkpoints=len(stalls), stall_s_total=sum(stalls),
+        stall_s_median=statistics.median(stalls) if stalls else None,
+        write_s_median=statistics.median(writes) if writes else None,
+    )
+
+
+def render_summary(s: RunSummary) -> list[str]:
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value * 1e3:.1f} ms"
+
+    sizes = " → ".join(map(str, s.world_sizes)) or "none"
+    return [
+        f"steps:        {s.committed_steps}/{s.target_steps} committed ({s.status})",
+        f"attempts:     {s.attempts} (world sizes {sizes}), restarts {s.restarts}, injected "
+        f"failures after steps {s.injected_failures or 'none'}",
+        f"replayed:     {s.replayed_steps} steps re-run after restarts",
+        f"goodput:      {s.goodput:.2f} committed steps/s over {s.wall_s:.1f} s wall "
+        "(launches, restarts and replays included)",
+        f"checkpoints:  {s.checkpoints} durable, training stall {ms(s.stall_s_median)} median "
+        f"({s.stall_s_total:.2f} s total), write {ms(s.write_s_median)} median",
+    ]

@@ -1,0 +1,507 @@
+"""The supervisor behind ``ecrl run``: launch torchrun, classify each exit, resume, record.
+
+One run directory, many attempts. For each attempt the supervisor reads ``latest.json`` (and
+verifies the checkpoint it names, so a corrupt one is reported instead of loaded), picks the
+attempt's world size from ``--world-sizes``, passes the failures that have not fired yet, and
+launches ``python -m torch.distributed.run … -m ecrl.trainer``. While torchrun runs it tails
+rank 0's step log for progress; when torchrun exits it classifies the exit:
+
+- ``completed``: exit 0 and the final step logged by every rank → the run is done;
+- injected failure (the failing rank left ``failure.json``) → relaunch;
+- ``fatal.json`` (a problem no restart can fix, e.g. a corrupt checkpoint) → stop, report it;
+- any other exit (a crash) → relaunch, with the tail of ``torchrun.log`` shown;
+- Ctrl-C or SIGTERM → torchrun is stopped (it stops the ranks), the attempt and the run are
+  recorded as ``stopped``; running ``ecrl run`` again with the same ``--out`` continues.
+
+``supervisor.json`` is rewritten atomically after every change. The supervisor never edits a
+checkpoint. It does not import torch unless the data set must be read to learn its size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from ecrl import __version__, semantics
+from ecrl._proc import signal_on_parent_death
+from ecrl.ckptfile import CheckpointError
+from ecrl.errors import ConfigError, RunFormatError
+from ecrl.failure import FiredFailure, read_fatal, read_fired, remaining
+from ecrl.persist import load_latest_verified, read_latest
+from ecrl.runconfig import RunConfig
+from ecrl.runformat import (
+    JsonlReader,
+    LatestPointer,
+    RunManifest,
+    RunPaths,
+    StepRecord,
+    SupervisorAttempt,
+    SupervisorState,
+    loads,
+    read_json_record,
+    write_json_record,
+)
+
+__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifest",
+           "attempt_steps", "TORCHRUN_LOG"]
+
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
+TORCHRUN_LOG = "torchrun.log"
+LOCK_FILE = ".supervisor.lock"
+_SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps",
+                    "permutation", "log_ids", "strategy", "ckpt_every", "fail_at", "world_sizes",
+                    "model")
+_FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
+            "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
+
+
+def _torchrun_preexec() -> None:
+    signal_on_parent_death(signal.SIGTERM)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _dataset_size(config: RunConfig) -> int:
+    if config.dataset == "fake":
+        return config.fake_size()
+    from ecrl.datasets import build_dataset, check_data_dir
+
+    data_dir = Path(config.data_dir) if config.data_dir else None
+    check_data_dir(config.dataset, data_dir)  # before anything slow, with the clear message
+    return len(build_dataset(config.dataset, data_dir=data_dir, size=None,
+                             image_size=config.image_size))
+
+
+def plan_manifest(config: RunConfig) -> RunManifest:
+    """The ``run.json`` this configuration describes (reads the data set to learn D)."""
+    size = _dataset_size(config)
+    geometry = config.geometry(size)
+    return RunManifest(
+        seed=config.seed, dataset={"name": config.dataset, "size": size},
+        global_batch=config.global_batch, steps_per_epoch=geometry.steps_per_epoch,
+        target_steps=config.target_steps(size),
+        permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
+                     "version": semantics.PERMUTATION_VERSION},
+        log_ids=config.log_ids, strategy=config.strategy,
+        ckpt_every=config.effective_ckpt_every, fail_at=sorted(set(config.fail_at)),
+        world_sizes=list(config.world_sizes), model=config.model, created=_now_iso(),
+        extra={"config": config.to_dict(), "ecrl_version": __version__},
+    )
+
+
+def _check_same_run(existing: RunManifest, planned: RunManifest, out: Path) -> None:
+    old, new = existing.to_dict(), planned.to_dict()
+    for key in _SEMANTIC_FIELDS:
+        if old.get(key) != new.get(key):
+            flag = _FLAG_OF.get(key, "--" + key.replace("_", "-"))
+            raise ConfigError(
+                f"{out} already holds a run with {key} {json.dumps(old.get(key))}, not "
+                f"{json.dumps(new.get(key))} ({flag}): resume it with its own settings or use "
+                "a new --out"
+            )
+
+
+@dataclass(slots=True)
+class _Tail:
+    """New complete lines of a growing JSON-lines file."""
+
+    path: Path
+    offset: int = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(loads(line))
+        return out
+
+
+def attempt_steps(paths: RunPaths, attempt: int, world_size: int) -> tuple[int | None, int | None]:
+    """(first step any rank ran, last step every rank of the attempt logged), from the logs."""
+    per_rank: list[set[int]] = []
+    first: int | None = None
+    for rank in range(world_size):
+        path = paths.rank_log(attempt, rank)
+        steps: set[int] = set()
+        if path.exists():
+            reader = JsonlReader(path, StepRecord, torn_tail_ok=True)
+            with contextlib.suppress(RunFormatError):
+                for _, data in reader.raw():
+                    steps.add(int(data["global_step"]))
+        per_rank.append(steps)
+        if steps:
+            first = min(steps) if first is None else min(first, min(steps))
+    common = set.intersection(*per_rank) if per_rank else set()
+    return first, (max(common) if common else None)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Prints ``step, loss, steps/s, restarts`` at most once per ``interval`` seconds."""
+
+    emit: Callable[[str], None]
+    target: int
+    interval: float = 1.0
+    last_print: float = 0.0
+    last_step: int | None = None
+    last_loss: float | None = None
+    printed_step: int | None = None
+    window: list[tuple[float, int]] = field(default_factory=list)
+
+    def update(self, records: list[dict[str, Any]], *, attempt: int, world: int,
+               restarts: int, force: bool = False) -> None:
+        for r in records:
+            self.last_step = int(r["global_step"])
+            self.last_loss = r.get("loss")
+            self.window.append((float(r["time"]), self.last_step))
+        now = time.monotonic()
+        if self.last_step is None or self.last_step == self.printed_step or not (
+                force or now - self.last_print >= self.interval):
+            return
+        self.printed_step = self.last_step
+        self.window = self.window[-200:]
+        rate = ""
+        if len(self.window) >= 2 and self.window[-1][0] > self.window[0][0]:
+            steps = self.window[-1][1] - self.window[0][1]
+            rate = f" · {steps / (self.window[-1][0] - self.window[0][0]):.1f} steps/s"
+        loss = f"{self.last_loss:.4f}" if isinstance(self.last_loss, float) else "n/a"
+        self.emit(f"  step {self.last_step + 1}/{self.target} · loss {loss}{rate} · restarts "
+                  f"{restarts} [attempt {attempt}, W={world}]")
+        self.last_print = now
+        self.window = self.window[-1:]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Outcome:
+    """How one attempt ended, as the supervisor classifies it."""
+
+    attempt: int
+    exit_code: int
+    last_step: int | None
+    status: str
+    """completed, failed or stopped."""
+    fired: FiredFailure | None
+    """The injected failure that ended it, if one did."""
+    fatal: str | None
+    """The message of an error no restart can fix, if a rank reported one."""
+
+
+@dataclass(slots=True)
+class Supervisor:
+    """Runs one ``ecrl run``; :meth:`run` returns the exit code."""
+
+    config: RunConfig
+    out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    err: Callable[[str], None] = field(
+        default=lambda line: print(line, file=sys.stderr, flush=True))
+    poll_s: float = 0.25
+    paths: RunPaths = field(init=False)
+    manifest: RunManifest = field(init=False)
+    state: SupervisorState = field(init=False)
+    _stop: int | None = field(default=None, init=False)
+    _lock: IO[bytes] | None = field(default=None, init=False)
+
+    # --- setup ---------------------------------------------------------------------------------
+
+    def _open_run(self) -> bool:
+        """Create or reopen the run directory; False when the run is already complete."""
+        root = Path(self.config.out).resolve()
+        self.paths = RunPaths.of(root)
+        if self.paths.manifest.exists():
+            existing = read_json_record(self.paths.manifest, RunManifest)
+            # Settings not given now are the run's own: `ecrl run --out DIR` alone continues it.
+            stored = {k: v for k, v in existing.extra.get("config", {}).items() if k != "out"}
+            given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
+            self.config = RunConfig.from_dict({**stored, **given, "out": str(root)},
+                                              explicit=self.config.explicit)
+            _check_same_run(existing, plan_manifest(self.config), root)
+            self._take_lock()
+            self._resume_point()  # a corrupt latest checkpoint stops us before any write
+            state = (read_json_record(self.paths.supervisor, SupervisorState)
+                     if self.paths.supervisor.exists()
+                     else SupervisorState(attempts=[], restarts=0, status="running"))
+            if state.status == "completed":
+                self.out(f"ecrl run: {root} is already complete ({existing.target_steps} steps); "
+                         "nothing to do")
+                return False
+            attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
+            config = self.config.to_dict()
+            self.manifest = replace(existing, extra={**existing.extra, "config": config})
+            write_json_record(self.paths.manifest, self.manifest)
+            self.state = replace(state, attempts=attempts, status="running")
+            self.out(f"ecrl run: resuming {root} ({len(attempts)} earlier attempts)")
+        else:
+            planned = plan_manifest(self.config)
+            if root.exists() and any(root.iterdir()):
+                raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
+                                  "a new or empty directory")
+            root.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+            self.manifest = planned
+            write_json_record(self.paths.manifest, planned)
+            self.state = SupervisorState(attempts=[], restarts=0, status="running",
+                                         extra={"injected_failures": []})
+        self._save()
+        return True
+
+    def _stale(self, a: SupervisorAttempt) -> SupervisorAttempt:
+        """An attempt left 'running' by a supervisor that was killed outright: its torchrun died
+        with it (parent-death signal), so it failed; the logs say how far it got."""
+        first, last = attempt_steps(self.paths, a.attempt, a.world_size)
+        logs = self.paths.rank_logs(a.attempt).values()
+        end = max((p.stat().st_mtime for p in logs), default=None)
+        return replace(a, status="failed", first_step=first, last_step=last, end_time=end)
+
+    def _take_lock(self) -> None:
+        handle = open(self.paths.root / LOCK_FILE, "ab")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise ConfigError(f"{self.paths.root} is in use by another ecrl run; wait for it or "
+                              "stop it first") from None
+        self._lock = handle
+
+    def _save(self) -> None:
+        write_json_record(self.paths.supervisor, self.state)
+
+    def _fired(self) -> list[FiredFailure]:
+        return [FiredFailure(**f) for f in self.state.extra.get("injected_failures", [])]
+
+    # --- one attempt ---------------------------------------------------------------------------
+
+    def _resume_point(self) -> LatestPointer | None:
+        pointer = read_latest(self.paths)
+        if pointer is not None:
+            load_latest_verified(self.paths, pointer)  # raises CheckpointError, never loads
+        return pointer
+
+    def _command(self, attempt: int, world: int, pointer: LatestPointer | None,
+                 fail_at: list[int]) -> list[str]:
+        c = self.config
+        if c.nnodes == 1 and not c.rdzv_endpoint:
+            # --standalone: a private rendezvous on a free port, so parallel runs never collide.
+            launch = ["--standalone", "--nnodes", "1"]
+        else:
+            launch = ["--nnodes", str(c.nnodes), "--rdzv-backend", c.rdzv_backend or "c10d",
+                      "--rdzv-endpoint", str(c.rdzv_endpoint),
+                      "--rdzv-id", c.rdzv_id or f"ecrl-{self.paths.root.name}-{attempt}"]
+            if c.rdzv_conf:
+                launch += ["--rdzv-conf", c.rdzv_conf]
+        cmd = [sys.executable, "-m", "torch.distributed.run", *launch,
+               "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
+               "--monitor-interval", "0.5", "-m", "ecrl.trainer",
+               "--run-dir", str(self.paths.root), "--attempt", str(attempt),
+               "--fail-at", ",".join(map(str, fail_at)), "--fail-rank", str(c.fail_rank)]
+        if pointer is not None:
+            cmd += ["--resume-step", str(pointer.global_step), "--resume-path", pointer.path,
+                    "--resume-checksum", pointer.checksum]
+        return cmd
+
+    def _environment(self, world: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS",
+                       str(self.config.threads_per_rank(world // self.config.nnodes)))
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _launch(self, attempt: int, world: int, pointer: LatestPointer | None,
+                fail_at: list[int]) -> int:
+        paths = self.paths
+        paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
+        progress = _Progress(emit=self.out, target=self.manifest.target_steps)
+        tail = _Tail(paths.rank_log(attempt, 0))
+        with open(paths.attempt_dir(attempt) / TORCHRUN_LOG, "ab") as log:
+            # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
+            # decides how to stop it); the parent-death signal stops it if we are killed outright.
+            proc = subprocess.Popen(self._command(attempt, world, pointer, fail_at),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self._environment(world), start_new_session=True,
+                                    preexec_fn=_torchrun_preexec)
+            stopping_since: float | None = None
+            while True:
+                try:
+                    code: int | None = proc.wait(timeout=self.poll_s)
+                except subprocess.TimeoutExpired:
+                    code = None
+                progress.update(tail.read(), attempt=attempt, world=world,
+                                restarts=self.state.restarts, force=code is not None)
+                if code is not None:
+                    return code
+                if self._stop is not None and stopping_since is None:
+                    proc.send_signal(signal.SIGTERM)  # torchrun stops its ranks
+                    stopping_since = time.monotonic()
+                elif stopping_since is not None and time.monotonic() - stopping_since > 60:
+                    proc.kill()
+
+    # --- the run -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop is None:
+            self.err(f"ecrl run: {signal.Signals(signum).name} received, stopping the job…")
+        self._stop = signum
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _next_attempt(self) -> int:
+        numbers = [a.attempt for a in self.state.attempts] + self.paths.attempts()
+        return max(numbers) + 1 if numbers else 0
+
+    def _finish(self, status: str) -> None:
+        self.state = replace(self.state, status=status)
+        self._save()
+        if self._lock is not None:
+            self._lock.close()
+
+    def run(self) -> int:
+        if not self._open_run():
+            return EXIT_OK
+        m = self.manifest
+        self.out(f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
+                 f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
+                 f"{m.strategy} every {m.ckpt_every} · world sizes "
+                 f"{','.join(map(str, m.world_sizes))}")
+        relaunches = 0
+        with self._signals():
+            while True:
+                if self._stop is not None:
+                    self._finish("stopped")
+                    return EXIT_STOPPED
+                try:
+                    pointer = self._resume_point()
+                except (CheckpointError, RunFormatError) as exc:
+                    self.err(f"ecrl run: error: {exc}")
+                    self._finish("failed")
+                    return EXIT_FAILED
+                outcome = self._attempt(pointer)
+                code = self._conclude(outcome, relaunches)
+                if code is not None:
+                    return code
+                relaunches += 1
+
+    def _attempt(self, pointer: LatestPointer | None) -> _Outcome:
+        """Launch one attempt from ``pointer``, wait for it, record and classify its end."""
+        target = self.manifest.target_steps
+        attempt = self._next_attempt()
+        world = self.manifest.world_size_of(attempt)
+        fail_at = remaining(self.manifest.fail_at, self._fired())
+        record = SupervisorAttempt(
+            attempt=attempt, world_size=world,
+            resumed_from_step=None if pointer is None else pointer.global_step,
+            first_step=None, last_step=None, exit_code=None, status="running",
+            start_time=time.time(), end_time=None)
+        self.state = replace(self.state, attempts=[*self.state.attempts, record],
+                             restarts=len(self.state.attempts))
+        self._save()
+        how = "fresh start" if pointer is None else f"resume after step {pointer.global_step}"
+        start = 0 if pointer is None else pointer.global_step + 1
+        self.out(f"[attempt {attempt}] world size {world}, {how}, steps {start}..{target - 1}"
+                 + (f", failures at {fail_at}" if fail_at else ""))
+        code = self._launch(attempt, world, pointer, fail_at)
+        first, last = attempt_steps(self.paths, attempt, world)
+        outcome = _Outcome(attempt=attempt, exit_code=code, last_step=last,
+                           fired=read_fired(self.paths, attempt),
+                           fatal=read_fatal(self.paths, attempt), status="failed")
+        if code == 0 and last == target - 1:
+            outcome = replace(outcome, status="completed")
+        elif self._stop is not None:
+            outcome = replace(outcome, status="stopped")
+        extra = dict(self.state.extra)
+        if outcome.fired is not None and outcome.status == "failed":
+            fired = {"attempt": attempt, "global_step": outcome.fired.global_step,
+                     "rank": outcome.fired.rank}
+            extra["injected_failures"] = [*extra.get("injected_failures", []), fired]
+        record = replace(record, first_step=first, last_step=last, exit_code=code,
+                         status=outcome.status, end_time=time.time())
+        self.state = replace(self.state, attempts=[*self.state.attempts[:-1], record],
+                             extra=extra)
+        self._save()
+        return outcome
+
+    def _conclude(self, outcome: _Outcome, relaunches: int) -> int | None:
+        """Report how an attempt ended; the exit code when the run ends, None to relaunch."""
+        attempt, last = outcome.attempt, outcome.last_step
+        if outcome.status == "completed":
+            self._finish("completed")
+            self._print_summary()
+            return EXIT_OK
+        if outcome.status == "stopped":
+            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl run --out "
+                     f"{self.paths.root}` again to continue")
+            self._finish("stopped")
+            return EXIT_STOPPED
+        if outcome.fatal is not None:
+            self.err(f"ecrl run: error: {outcome.fatal}")
+            self._finish("failed")
+            return EXIT_FAILED
+        latest = read_latest(self.paths)
+        after = ("no checkpoint yet" if latest is None
+                 else f"latest checkpoint: step {latest.global_step}")
+        if outcome.fired is not None:
+            self.out(f"[attempt {attempt}] injected failure after step "
+                     f"{outcome.fired.global_step} (rank {outcome.fired.rank}, exit 137); {after}")
+        else:
+            self.err(f"[attempt {attempt}] crashed (torchrun exit {outcome.exit_code}) after "
+                     f"step {last}; {after}")
+            self._show_log_tail(attempt)
+        limit = self.config.effective_max_restarts
+        if relaunches >= limit:
+            self.err(f"ecrl run: restart limit reached (--max-restarts {limit}); the run stops "
+                     f"after step {last}")
+            self._finish("failed")
+            return EXIT_FAILED
+        return None
+
+    def _print_summary(self) -> None:
+        from ecrl.summary import render_summary, summarize
+
+        self.out(f"ecrl run: done; run directory {self.paths.root}")
+        for line in render_summary(summarize(str(self.paths.root))):
+            self.out(f"  {line}")
+
+    def _show_log_tail(self, attempt: int, lines: int = 15) -> None:
+        path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+        with contextlib.suppress(OSError):
+            text = path.read_text(errors="replace").splitlines()
+            # The ranks' own one-line reports say more than torchrun's summary of them; failing
+            # that, the first traceback (a rank's; torchrun's own comes after it).
+            shown = [line for line in text if line.startswith("ecrl trainer (rank")][-lines:]
+            if not shown and "Traceback (most recent call last):" in text:
+                start = text.index("Traceback (most recent call last):")
+                end = next((i for i in range(start + 1, len(text))
+                            if text[i] and not text[i][0].isspace()), len(text) - 1)
+                shown = text[start : end + 1][-lines:]
+            shown = shown or text[-lines:]
+            self.err(f"  from {path}:")
+            for line in shown:
+                self.err(f"  | {line}")

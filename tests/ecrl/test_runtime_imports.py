@@ -1,0 +1,18 @@
+"""The supervisor, the background writer and the file formats never import torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["ecrl.supervisor", "ecrl.bgwriter", "ecrl.persist",
+                                    "ecrl.ckptfile", "ecrl.failure", "ecrl.summary",
+                                    "ecrl.runconfig", "ecrl.demo"])
+def test_no_torch(module: str) -> None:
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", f"{module} imports torch"

@@ -1,0 +1,147 @@
+"""Real ``ecrl run`` processes (torchrun, gloo, os._exit), shared between tests and workers.
+
+Each run is expensive (every launch imports torch in three processes), so a run is made once per
+``pytest`` session and shared by every test that inspects it, also across pytest-xdist workers: the
+first worker to need a run makes it under a file lock, the others wait and reuse it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+RUN_TIMEOUT_S = 600
+
+# Tiny settings: D=256 and B=8 give S=32 steps per epoch, so a 40-step run crosses an epoch.
+TINY = ["--dataset-size", "256", "--global-batch", "8", "--steps", "40", "--ckpt-every", "4",
+        "--seed", "7"]
+
+
+@dataclass(frozen=True)
+class Run:
+    root: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def ecrl(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+         timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ecrl.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=full_env, timeout=timeout)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class RunCache:
+    """Named runs, each made once for the whole session (all xdist workers)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, name: str, args: Sequence[str], *, env: dict[str, str] | None = None,
+            command: str = "run") -> Run:
+        directory = self.root / name
+        result_file = self.root / f"{name}.result.json"
+        with _locked(self.root / f"{name}.lock"):
+            if not result_file.exists():
+                out = ["--out", str(directory)]
+                proc = ecrl(command, *out, *args, env=env, cwd=self.root)
+                result_file.write_text(json.dumps({
+                    "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}))
+        data = json.loads(result_file.read_text())
+        return Run(root=directory, returncode=data["returncode"], stdout=data["stdout"],
+                   stderr=data["stderr"])
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> RunCache:
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by every worker of this session
+    return RunCache(base / "ecrl-runs")
+
+
+def _made(run: Run) -> Run:
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference_run(runs: RunCache) -> Run:
+    """Uninterrupted, no checkpoints, world size 2, full IDs logged."""
+    return _made(runs.get("reference", [*TINY, "--world-sizes", "2", "--strategy", "none",
+                                        "--log-ids"]))
+
+
+@pytest.fixture(scope="session")
+def blocking_run(runs: RunCache) -> Run:
+    """Blocking checkpoints, failures after steps 9 and 21, world size 2, hashes only."""
+    return _made(runs.get("blocking", [*TINY, "--world-sizes", "2", "--strategy", "blocking",
+                                       "--fail-at", "9,21"]))
+
+
+@pytest.fixture(scope="session")
+def overlapped_run(runs: RunCache) -> Run:
+    """Overlapped checkpoints, failures after steps 9 and 21 (rank 1 fails), full IDs."""
+    return _made(runs.get("overlapped", [*TINY, "--world-sizes", "2", "--strategy", "overlapped",
+                                         "--fail-at", "9,21", "--fail-rank", "1", "--log-ids"]))
+
+
+@pytest.fixture(scope="session")
+def demo_run(runs: RunCache) -> Run:
+    """``ecrl demo``: 2 ranks, two failures, 2 → 1."""
+    return _made(runs.get("demo", [], command="demo"))
+
+
+@pytest.fixture(scope="session")
+def data_root(runs: RunCache) -> Path:
+    """Tiny CIFAR-10, CIFAR-100 and image-folder data sets in their real on-disk formats."""
+    from dataset_files import write_cifar10, write_cifar100, write_image_folder
+
+    root = runs.root / "data"
+    with _locked(runs.root / "data.lock"):
+        if not (root / "done").exists():
+            write_cifar10(root / "cifar10")
+            write_cifar100(root / "cifar100")
+            write_image_folder(root / "images")
+            (root / "done").write_text("")
+    return root
+
+
+@pytest.fixture(scope="session")
+def elastic_up_run(runs: RunCache, data_root: Path) -> Run:
+    """CIFAR-100 (48 samples), world size 1 then 2, blocking, one failure, full IDs."""
+    return _made(runs.get("elastic-up", [
+        "--dataset", "cifar100", "--data-dir", str(data_root / "cifar100"), "--global-batch", "8",
+        "--steps", "14", "--ckpt-every", "3", "--world-sizes", "1,2", "--strategy", "blocking",
+        "--fail-at", "7", "--log-ids", "--seed", "3"]))
+
+
+@pytest.fixture(scope="session")
+def writer_crash_run(runs: RunCache, data_root: Path) -> Run:
+    """CIFAR-10, overlapped; the background writer dies inside the 2nd commit, before the
+    rename of latest.json (attempt 0 only)."""
+    return _made(runs.get("writer-crash", [
+        "--dataset", "cifar10", "--data-dir", str(data_root / "cifar10"), "--global-batch", "4",
+        "--steps", "16", "--ckpt-every", "3", "--world-sizes", "1", "--strategy", "overlapped",
+        "--log-ids"], env={"ECRL_CRASH_AT": "latest:before-rename:2:0"}))

@@ -1,0 +1,29 @@
+"""`ecrl bench checkpoint --quick` runs the three strategies for real and reports ratios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ecrl
+
+pytestmark = pytest.mark.torchrun
+
+
+def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n<!-- bench:checkpoint:start -->\nold\n"
+                   "<!-- bench:checkpoint:end -->\n")
+    out = ecrl("bench", "checkpoint", "--quick", "--format", "json", "--write-docs", str(doc))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    metrics = [row["metric"] for row in report["rows"]]
+    assert any("stall per checkpoint" in m for m in metrics)
+    assert any("steady-state steps/s" in m for m in metrics)
+    for row in report["rows"]:
+        assert row["candidate_value"] > 0 and row["alternative_value"] > 0
+        assert row["ratio"] == pytest.approx(row["candidate_value"] / row["alternative_value"])
+    assert len(report["targets"]) == 2
+    text = doc.read_text()
+    assert "old" not in text and "tiny-cnn" in text and text.count("bench:checkpoint:start") == 1
