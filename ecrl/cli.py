@@ -152,6 +152,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_advise(args: argparse.Namespace) -> int:
+    import json
+
+    from ecrl.advise import SECONDS_PER_DAY, AdviceInput, advise, render_text
+
+    if args.mtbf is not None:
+        if not args.mtbf > 0:
+            raise ConfigError(f"--mtbf must be a positive number of seconds, got {args.mtbf}")
+        rate = 1.0 / args.mtbf
+    else:
+        rate = args.failures_per_gpu_day / SECONDS_PER_DAY
+    given = AdviceInput(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost,
+                        step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus,
+                        overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
+    advice = advise(given)
+    print(json.dumps(advice.as_dict(), indent=2) if args.format == "json"
+          else render_text(given, advice))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ecrl.bench import BENCHES
 
@@ -174,8 +194,28 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("config", metavar="CONFIG")
     matrix.set_defaults(func=lambda a: _not_built("matrix", "a later issue"))
 
-    advise = sub.add_parser("advise", help="checkpoint-interval advice from the seed models")
-    advise.set_defaults(func=lambda a: _not_built("advise", "no issue yet"))
+    advise = sub.add_parser(
+        "advise", help="checkpoint-interval advice from the seed models",
+        description="Young's and Daly's intervals, the optimal periodic frequency and wasted "
+        "fraction against just-in-time checkpointing, and CheckHint's checkpoint budget.")
+    advise.add_argument("--ckpt-cost", type=float, required=True, metavar="SECONDS",
+                        help="training time lost to one checkpoint")
+    advise.add_argument("--restore-cost", type=float, default=0.0, metavar="SECONDS",
+                        help="fixed cost of one recovery: relaunch and load (default 0)")
+    advise.add_argument("--step-time", type=float, required=True, metavar="SECONDS",
+                        help="duration of one training step")
+    rate = advise.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--failures-per-gpu-day", type=float, metavar="F",
+                      help="failure rate of one GPU")
+    rate.add_argument("--mtbf", type=float, metavar="SECONDS",
+                      help="mean time between failures of one GPU")
+    advise.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs in the job (1)")
+    advise.add_argument("--overhead", type=float, default=0.05, metavar="O",
+                        help="CheckHint allowance, a fraction of compute time (0.05)")
+    advise.add_argument("--job-hours", type=float, default=24.0, metavar="H",
+                        help="useful compute time of the job, for the budget (24)")
+    advise.add_argument("--format", choices=["text", "json"], default="text")
+    advise.set_defaults(func=_cmd_advise)
 
     bench = sub.add_parser("bench", help="side-by-side benchmarks (ratios measured in one run)",
                            description="Benchmarks: " + "; ".join(
