@@ -90,6 +90,12 @@ BAD = {
                            "statement of its own", 2),
     "bad-iterations": ("from transform import _checkpoint\nfor i in xs:\n    _iterations: n\n"
                        "    _checkpoint()\n", "integer literal", 3),
+    "hint-not-alone": ("from transform import _checkpoint\nx = 1; _checkpoint()\n",
+                       "line of its own", 2),
+    "hint-after-colon": ("from transform import _checkpoint\nfor i in range(3): _checkpoint()\n",
+                         "line of its own", 2),
+    "hint-in-class": ("from transform import _checkpoint\nclass C:\n    _checkpoint()\n",
+                      "class body", 3),
 }
 
 
@@ -104,6 +110,15 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
         assert first.startswith(f"bad.py:{line}:") and words in first, out.stderr
         assert "Traceback" not in out.stderr
         assert out.stdout == "" and not (tmp_path / "out.py").exists()
+
+
+def test_columns_count_characters_not_bytes() -> None:
+    from transform.analysis import AnalysisFailure, analyze
+
+    result = analyze("from transform import _checkpoint\nname = 'é'; _checkpoint()\n", "u.py")
+    assert isinstance(result, AnalysisFailure)
+    # "name = 'é'; " is 12 characters (13 bytes): the call starts in column 13.
+    assert (result.issue.line, result.issue.column) == (2, 13)
 
 
 def test_missing_file_and_bad_parameters(tmp_path: Path) -> None:
