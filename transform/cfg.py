@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 __all__ = ["CfgNode", "RegionCfg", "build_cfg", "expression_names", "free_names",
-           "target_names", "pattern_names", "import_binding"]
+           "target_names", "pattern_names", "import_binding", "walrus_names",
+           "module_call_reads"]
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -257,6 +258,13 @@ def _collect(node: ast.AST, loads: set[str], bound: set[str],
         return
     for child in ast.iter_child_nodes(node):
         _collect(child, loads, bound, walrus, calls)
+
+
+def walrus_names(node: ast.AST) -> set[str]:
+    """Names an expression binds in its own scope with ``:=``."""
+    out: set[str] = set()
+    _collect(node, set(), set(), out)
+    return out
 
 
 def expression_names(node: ast.AST) -> set[str]:

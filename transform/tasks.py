@@ -48,6 +48,8 @@ __all__ = [
     "TaskTree",
     "build_task_tree",
     "is_hint_statement",
+    "is_elif",
+    "parse_source",
 ]
 
 STATEMENT_SECONDS = 1e-3
@@ -618,10 +620,14 @@ class _Builder:
                         f"hints inside `{type(stmt).__name__}` statements are not supported")
 
     def _is_elif(self, node: ast.If) -> bool:
-        # ``elif`` and ``else:`` + a nested ``if`` give the same tree; the source tells them
-        # apart (``elif`` starts with "el"), and both are one more arm.
-        line = self.lines.lines[node.lineno - 1] if node.lineno <= len(self.lines.lines) else ""
-        return line.encode("utf-8")[node.col_offset:node.col_offset + 4] == b"elif"
+        return is_elif(self.lines.lines, node)
+
+
+def is_elif(lines: Sequence[str], node: ast.If) -> bool:
+    """``elif`` and ``else:`` + a nested ``if`` give the same ``ast``; the source tells them apart
+    (an ``elif`` arm's ``If`` starts at the word ``elif``)."""
+    line = lines[node.lineno - 1] if node.lineno <= len(lines) else ""
+    return line.encode("utf-8")[node.col_offset:node.col_offset + 4] == b"elif"
 
 
 def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:

@@ -65,11 +65,79 @@ def test_explain_text_and_cli_overrides(tmp_path: Path) -> None:
     assert json.loads(cost.stdout)["budget"] is None
 
 
-def test_unbuilt_modes_say_so_after_checking_input(tmp_path: Path) -> None:
+def test_write_modes(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(PROGRAM)
     out = run("train.py", "-o", "out.py", cwd=tmp_path)
-    assert out.returncode == 2 and "not built yet" in out.stderr
-    assert not (tmp_path / "out.py").exists()
+    assert out.returncode == 0, out.stderr
+    written = (tmp_path / "out.py").read_text()
+    assert "import transform.runtime as _ecrl_runtime" in written
+    assert written != PROGRAM
+    stdout = run("train.py", cwd=tmp_path)
+    assert stdout.returncode == 0 and stdout.stdout == written
+    diff = run("train.py", "--diff", cwd=tmp_path)
+    assert diff.returncode == 0 and diff.stdout.startswith("--- train.py\n+++ train.py")
+    assert "+_ECRL = _ecrl_runtime.Program(" in diff.stdout
+    assert run("train.py", "--check", "-o", "out.py", cwd=tmp_path).returncode == 0
+    (tmp_path / "out.py").write_text(written + "# edited\n")
+    stale = run("train.py", "--check", "-o", "out.py", cwd=tmp_path)
+    assert stale.returncode == 1 and "out.py would change" in stale.stderr
+    assert (tmp_path / "out.py").read_text().endswith("# edited\n")  # --check writes nothing
+    assert run("train.py", "--check", cwd=tmp_path).returncode == 1
+    assert run("train.py", "--in-place", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "train.py").read_text() == written
+    again = run("train.py", "-o", "twice.py", cwd=tmp_path)
+    assert again.returncode == 2 and "already" in again.stderr
+    assert not (tmp_path / "twice.py").exists()
+
+
+def test_ckpt_dir_is_written_into_the_program(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--ckpt-dir", "state/here", "--all-hints", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "'ckpt_dir': 'state/here'" in out.stdout
+    assert "'kind': 'always', 'total': 200, 'count': 200" in out.stdout
+
+
+def test_a_file_without_hints_is_left_unchanged(tmp_path: Path) -> None:
+    plain = "x = 1\nprint(x)\n"
+    (tmp_path / "plain.py").write_text(plain)
+    out = run("plain.py", "--in-place", cwd=tmp_path)
+    assert out.returncode == 0
+    note = "ecrl-transform: plain.py has no _checkpoint() hints: nothing to do"
+    assert out.stderr.strip() == note
+    assert (tmp_path / "plain.py").read_text() == plain
+    assert run("plain.py", "--check", cwd=tmp_path).returncode == 0
+    assert run("plain.py", "-o", "copy.py", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "copy.py").read_text() == plain
+
+
+def test_check_refuses_other_modes(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--check", "--diff", cwd=tmp_path)
+    assert out.returncode == 2 and "--check goes alone or with -o" in out.stderr
+
+
+CODEGEN_BAD = {
+    "unsaveable": ("from transform import _checkpoint\ndef f(path):\n    log = open(path)\n"
+                   "    for i in range(3):\n        _checkpoint()\n        log.read()\n",
+                   "`log` holds an open file", 3),
+    "two-levels": ("from transform import _checkpoint\ndef f():\n    for i in range(3):\n"
+                   "        _checkpoint()\nfor j in range(3):\n    f()\n    _checkpoint()\n",
+                   "both at the module's top level and in f()", 4),
+    "reserved": ("from transform import _checkpoint\n_ecrl = 1\nfor i in range(3):\n"
+                 "    _checkpoint()\n", "`_ecrl` is a name generated code uses", 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CODEGEN_BAD))
+def test_generation_refuses_what_it_cannot_resume(tmp_path: Path, case: str) -> None:
+    source, words, line = CODEGEN_BAD[case]
+    (tmp_path / "bad.py").write_text(source)
+    out = run("bad.py", "--all-hints", "-o", "out.py", cwd=tmp_path)
+    assert out.returncode == 2
+    first = out.stderr.splitlines()[0]
+    assert first.startswith(f"bad.py:{line}:") and words in first, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "out.py").exists()
 
 
 BAD = {
