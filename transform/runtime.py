@@ -203,6 +203,8 @@ def _anchor_kind(obj: Any) -> str | None:
     """How an object can be restored in place, or None (then it is rebound)."""
     module = type(obj).__module__
     if _has_state_dict(obj):
+        if callable(getattr(obj, "named_modules", None)) and hasattr(obj, "training"):
+            return "module"
         return "state_dict"
     if isinstance(obj, random.Random):
         return "random"
@@ -228,6 +230,8 @@ def _anchor_kind(obj: Any) -> str | None:
 
 
 def _anchor_state(kind: str, obj: Any) -> Any:
+    if kind == "module":
+        return obj.state_dict(), [(name, m.training) for name, m in obj.named_modules()]
     if kind == "state_dict":
         return obj.state_dict()
     if kind == "random":
@@ -249,7 +253,14 @@ def _apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
     if _anchor_kind(current) != kind:
         raise CheckpointError(f"cannot resume: `{what}` is now a {type(current).__name__}, "
                               "not what was saved")
-    if kind == "state_dict":
+    if kind == "module":
+        weights, flags = state
+        current.load_state_dict(weights)
+        modes = dict(flags)
+        for name, m in current.named_modules():
+            if name in modes:
+                m.training = modes[name]
+    elif kind == "state_dict":
         current.load_state_dict(state)
     elif kind == "random":
         current.setstate(state)
@@ -780,8 +791,7 @@ class Activation:
             token = (where, name)
             anchors[id(obj)] = token
             states.append((list(token), _anchor_state(kind, obj)))
-            named = getattr(obj, "named_parameters", None)
-            if kind == "state_dict" and callable(named):
+            if kind == "module":
                 for tag, items in (("p", obj.named_parameters()), ("b", obj.named_buffers()),
                                    ("m", obj.named_modules())):
                     for qual, sub in items:

@@ -2,7 +2,8 @@
 
 Each program runs a step loop (``time.sleep`` per step stands for real work, so a program lasts
 about a second without keeping the CPU busy) whose body is generated: nested ``for``/``while``
-loops, ``if``/``else`` on random draws, ``with``, ``try``/``except``, ``match``, augmented
+loops (``while True`` … ``break`` too, and ``continue``), ``if``/``else`` on random draws,
+``with``, ``try``/``except``, ``match``, augmented
 assignments, tuple unpacking, lists and dicts mutated in place, draws from ``random``, NumPy's
 global state and a NumPy Generator, and ``_checkpoint()`` hints. The last line prints everything,
 including the next random draws, so a resume that restored any state wrongly shows.
@@ -32,7 +33,9 @@ def _block(draw: st.DrawFn, depth: int, loop: int) -> list[str]:
     for _ in range(draw(st.integers(1, 3))):
         kinds = ["simple", "simple", "hint"]
         if depth < 3:
-            kinds += ["if", "for", "while", "with", "try", "match"]
+            kinds += ["if", "for", "while", "with", "try", "match", "while-true"]
+        if loop:
+            kinds.append("continue")
         kind = draw(st.sampled_from(kinds))
         if kind == "simple":
             text = draw(st.sampled_from(SIMPLE)).format(k=draw(st.integers(1, 9)),
@@ -40,6 +43,13 @@ def _block(draw: st.DrawFn, depth: int, loop: int) -> list[str]:
             lines += text.split("\n")
         elif kind == "hint":
             lines.append("_checkpoint()")
+        elif kind == "continue":
+            lines += ["if a % 5 == 0:", "    continue"]
+        elif kind == "while-true":
+            var, n = f"t{depth}", draw(st.integers(1, 3))
+            lines += [f"{var} = 0", "while True:", f"    _iterations: {n}", f"    {var} += 1",
+                      f"    if {var} > {n}:", "        break"]
+            lines += _indent(draw(_block(depth + 1, 1)))
         elif kind == "if":
             p = draw(st.sampled_from(["0.3", "0.5", "0.8"]))
             lines.append(f"if random.random() < {p}:")
@@ -50,12 +60,12 @@ def _block(draw: st.DrawFn, depth: int, loop: int) -> list[str]:
         elif kind == "for":
             var = f"j{depth}"
             lines.append(f"for {var} in range({draw(st.integers(1, 3))}):")
-            lines += _indent([f"a += {var}", *draw(_block(depth + 1, loop))])
+            lines += _indent([f"a += {var}", *draw(_block(depth + 1, 1))])
         elif kind == "while":
             var, n = f"w{depth}", draw(st.integers(1, 3))
             lines += [f"{var} = 0", f"while {var} < {n}:",
                       f"    _iterations: {n}", f"    {var} += 1"]
-            lines += _indent(draw(_block(depth + 1, loop)))
+            lines += _indent(draw(_block(depth + 1, 1)))
         elif kind == "with":
             lines.append("with contextlib.suppress(KeyError):")
             lines += _indent(draw(_block(depth + 1, loop)))
@@ -78,7 +88,8 @@ def _indent(lines: list[str]) -> list[str]:
 
 @st.composite
 def programs(draw: st.DrawFn) -> str:
-    """A complete program (module level or inside ``main()``) with at least one hint."""
+    """A complete program with at least one hint: at module level, inside ``main()``, or in a
+    function whose parameters (a list, a dict, a NumPy Generator) the caller builds."""
     seed = draw(st.integers(0, 2**16))
     steps = draw(st.integers(120, 200))
     body = draw(_block(1, 0))
@@ -90,7 +101,13 @@ def programs(draw: st.DrawFn) -> str:
               "np.random.random(), gen.random())")
     head = ["import contextlib", "import random", "import time", "", "import numpy as np",
             "from transform import _checkpoint", ""]
-    if draw(st.booleans()):
+    shape = draw(st.sampled_from(["module", "main", "params"]))
+    if shape == "module":
         return "\n".join([*head, *setup, *loop, result]) + "\n"
-    inner = _indent([*setup, *loop, result])
-    return "\n".join([*head, "", "def main():", *inner, "", "", "main()"]) + "\n"
+    if shape == "main":
+        inner = _indent([*setup, *loop, result])
+        return "\n".join([*head, "", "def main():", *inner, "", "", "main()"]) + "\n"
+    inner = _indent(["a, b = 0, 1", *loop, "return a, b"])
+    outer = [*setup[:3], "items = []", "table = {}", "a, b = train(items, table, gen)", result]
+    return "\n".join([*head, "", "def train(items, table, gen):", *inner, "", "",
+                      *outer]) + "\n"

@@ -86,6 +86,8 @@ def test_fixture_survives_random_sigkills(prepared: dict[str, Prepared], name: s
     outcome = kr.kill_and_resume(p.program, p.reference, cwd=p.dir, env=p.env(tmp_path / "c"),
                                  rng=random.Random(name))
     kr.assert_same_result(p.reference, outcome)
+    print(f"{name}: {outcome.attempts} attempts, {outcome.kills} kills, "
+          f"original's work {p.reference.work:.2f} s")
     assert outcome.kills >= 1, "no attempt was killed: the test proved nothing"
     assert not (tmp_path / "c").exists(), "the resume state must go on normal completion"
 
@@ -178,3 +180,22 @@ def test_generated_programs_resume_from_any_save(source: str, save: int, point: 
         done = kr.finish(program, cwd=root, env=env)
         assert done.returncode == 0, done.stderr
         kr.assert_same_result(reference, kr.Outcome(stdout=done.stdout, attempts=2, kills=1))
+
+
+@pytest.mark.gpu
+def test_cuda_random_state_survives(tmp_path: Path) -> None:
+    source = (CORPUS / "torch-train" / "input.py").read_text()
+    source = source.replace("model = make_model()", "model = make_model().cuda()")
+    source = source.replace("loss = nn.functional.mse_loss(model(x), y)",
+                            "loss = nn.functional.mse_loss(model(x.cuda()), y.cuda())")
+    original = tmp_path / "original.py"
+    original.write_text(source)
+    program = tmp_path / "train.py"
+    transform_file(original, program, "--all-hints")
+    env = kr.environment(tmp_path / "c")
+    reference = kr.run_original(original, cwd=tmp_path, env=env)
+    killed = kr.inject(program, "40", cwd=tmp_path, env=env)
+    assert killed.returncode == -9, killed.stderr
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    kr.assert_same_result(reference, kr.Outcome(stdout=done.stdout, attempts=2, kills=1))
