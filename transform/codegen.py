@@ -428,13 +428,17 @@ def _targets(names: Sequence[str], first: str, indent: str = "") -> str:
 
 
 class _Emitter:
-    def __init__(self, module: cst.Module, marks: _Marks, plan_hints: dict[int, dict[str, Any]],
-                 prologue: list[str], region_names: dict[int, str]) -> None:
+    def __init__(self, module: cst.Module, ast_module: ast.Module, marks: _Marks,
+                 plan_hints: dict[int, dict[str, Any]], prologue: list[str],
+                 region_names: dict[int, str], path_chains: set[int]) -> None:
         self.module = module
+        self.ast_module = ast_module
         self.marks = marks
         self.plan_hints = plan_hints
         self.prologue = prologue
         self.region_names = region_names
+        self.path_chains = path_chains
+        """ids of the ``if`` statements of chains with an arm that leads to a saved point."""
         self.default_indent = module.default_indent
 
     # -- text of inserted statements
@@ -470,27 +474,17 @@ class _Emitter:
     # -- blocks
     def module_code(self) -> str:
         body = list(self.module.body)
-        ast_body = self.ast_module.body
-        new = self.block(body, ast_body, "", top=True)
+        groups = self.block(body, self.ast_module.body, "", top=True)
         at = _prologue_index(body)
         prologue = [_statement(line) for line in self.prologue]
-        # keep the leading comments and blank lines with the statement they introduce
-        out = self.splice_prologue(new, at, prologue)
-        return self.module.with_changes(body=out).code
-
-    def splice_prologue(self, new: list[Any], at: int, prologue: list[cst.BaseStatement]
-                        ) -> list[Any]:
-        # ``new`` holds, per original statement, the list of statements emitted for it.
         flat: list[cst.BaseStatement] = []
-        for i, group in enumerate(new):
+        for i, group in enumerate(groups):  # one group of statements per original statement
             if i == at:
                 flat.extend(prologue)
             flat.extend(group)
-        if at >= len(new):
+        if at >= len(groups):
             flat.extend(prologue)
-        return flat
-
-    ast_module: ast.Module
+        return self.module.with_changes(body=flat).code
 
     def block(self, stmts: Sequence[cst.BaseStatement], ast_stmts: Sequence[ast.stmt],
               indent: str, *, top: bool = False, region: str | None = None) -> list[Any]:
@@ -654,7 +648,7 @@ class _Emitter:
         if k is not None:
             test = _expr(f"__X__ if {ACTIVATION}.run else {ACTIVATION}.into({k})",
                          __X__=_paren(test))
-        elif skipped or self._chain_on_path(a):
+        elif skipped or id(a) in self.path_chains:
             test = _expr(f"{ACTIVATION}.run and __X__", __X__=_paren(test))
         body = self.suite(node.body, a.body, indent)
         orelse: cst.If | cst.Else | None = node.orelse
@@ -671,12 +665,6 @@ class _Emitter:
                 assert isinstance(skip_arm, cst.If)
                 orelse = skip_arm.with_changes(orelse=orelse)
         return node.with_changes(test=test, body=body, orelse=orelse)
-
-    def _chain_on_path(self, a: ast.If) -> bool:
-        """Does some arm of the chain this ``if`` belongs to lead to a saved point?"""
-        return id(a) in self._path_chains
-
-    _path_chains: set[int]
 
     def with_(self, node: cst.With, a: ast.With | ast.AsyncWith, indent: str, skipped: bool
               ) -> cst.With:
@@ -788,8 +776,8 @@ def already_transformed(source: str, path: str) -> SourceIssue | None:
         return None
     return SourceIssue(path=path, line=source[:source.index(MARKER)].count("\n") + 1, column=1,
                        kind="already-transformed",
-                       message="this program was written by ecrl-transform already: transform "
-                               "the original program (the one without the generated code)")
+                       message="this program was written by ecrl-transform and its generated "
+                               "code was edited: transform the original program instead")
 
 
 def generate(result: AnalysisSuccess, *, all_hints: bool = False,
@@ -885,10 +873,8 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
         prologue.append(f"{ACTIVATION} = {PROGRAM}.enter('<module>')\n")
 
     module = cst.parse_module(source)
-    emitter = _Emitter(module, marks, plan_hints, prologue, region_names)
-    emitter.ast_module = tree.module
-    emitter._path_chains = path_chains
-    code = emitter.module_code()
+    code = _Emitter(module, tree.module, marks, plan_hints, prologue, region_names,
+                    path_chains).module_code()
     return Generated(code=code, changed=True, checkpoints=tuple(chosen_ids), plan=plan)
 
 

@@ -85,8 +85,13 @@ def test_write_modes(tmp_path: Path) -> None:
     assert run("train.py", "--check", cwd=tmp_path).returncode == 1
     assert run("train.py", "--in-place", cwd=tmp_path).returncode == 0
     assert (tmp_path / "train.py").read_text() == written
-    again = run("train.py", "-o", "twice.py", cwd=tmp_path)
-    assert again.returncode == 2 and "already" in again.stderr
+    # A transformed program is transformed from its original: idempotent, and --check agrees.
+    assert run("train.py", "--in-place", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "train.py").read_text() == written
+    assert run("train.py", "--check", cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text(written + "print(_ecrl.run)\n")
+    edited = run("train.py", "-o", "twice.py", cwd=tmp_path)
+    assert edited.returncode == 2 and "generated code was edited" in edited.stderr
     assert not (tmp_path / "twice.py").exists()
 
 

@@ -9,8 +9,14 @@ import ast
 from pathlib import Path
 
 import pytest
+from genprograms import programs
+from hypothesis import given
+from hypothesis import strategies as st
 
+from transform.analysis import AnalysisSuccess, analyze
+from transform.codegen import generate
 from transform.snapshots import SNAPSHOT, cases, generated_for, main
+from transform.strip import strip
 
 CASES = {c.name: c for c in cases()}
 
@@ -108,3 +114,19 @@ def test_update_rewrites_a_stale_snapshot(tmp_path: Path) -> None:
     assert main(["--corpus", str(tmp_path), "--update"]) == 0
     assert main(["--corpus", str(tmp_path)]) == 0
     assert "_ecrl.loop(" in (case / SNAPSHOT).read_text()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_strip_gives_back_the_original(name: str) -> None:
+    case = CASES[name]
+    assert strip((case / SNAPSHOT).read_text()) == (case / "input.py").read_text()
+
+
+@given(programs(), st.booleans())
+def test_generated_code_keeps_lines_and_strips_back(source: str, all_hints: bool) -> None:
+    result = analyze(source, "gen.py")
+    assert isinstance(result, AnalysisSuccess)
+    code = generate(result, all_hints=all_hints).code
+    compile(code, "gen.py", "exec")
+    check_untouched(source, code)
+    assert strip(code) == source
