@@ -71,8 +71,8 @@ def checkpoint_params(*, overhead: float | None = None, ckpt_cost: float | None 
 
 
 def __getattr__(name: str) -> Any:
-    # The analysis imports libcst, networkx and numpy: load it only when a tool asks for it, so
-    # a program that merely imports the hint stays light.
+    # The analysis imports networkx and numpy (code generation libcst): load them only when a
+    # tool asks for them, so a program that merely imports the hint stays light.
     if name in ("analyze", "AnalysisSuccess", "AnalysisFailure", "AnalysisResult"):
         from transform import analysis
 
