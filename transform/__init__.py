@@ -3,13 +3,14 @@
 For programs: ``from transform import _checkpoint, checkpoint_params`` — both do nothing when the
 program runs untransformed; ``_iterations: N`` and ``_cost: SECONDS`` are bare annotations.
 
-For tools (the code generator): :func:`analyze` returns :class:`AnalysisSuccess` — the task tree
-(:class:`TaskTree` of :class:`Region` → :class:`Seq` of :class:`Code` / :class:`HintSite` /
-:class:`Loop` / :class:`Branch`, each with libcst nodes and :class:`Position`), one
-:class:`RegionSchedule` per region (its :class:`Firing` rules say at which executions of each hint
-slot a checkpoint is taken), and :class:`LiveFacts` per hint (sorted names to save, names to
-re-bind by re-running imports/defs) — or :class:`AnalysisFailure` with a :class:`SourceIssue`
-(``file:line:col: message``). The solvers are in :mod:`transform.schedule`. docs/transform.md
+For tools: :func:`analyze` returns :class:`AnalysisSuccess` — the task tree (:class:`TaskTree`
+of :class:`Region` → :class:`Seq` of :class:`Code` / :class:`HintSite` / :class:`Loop` /
+:class:`Branch`, each with ``ast`` statements and :class:`Position`), one :class:`RegionSchedule`
+per region (its :class:`Firing` rules say at which executions of each hint slot a checkpoint is
+taken), and :class:`LiveFacts` per hint (sorted names to save, names to re-bind by re-running
+imports/defs) — or :class:`AnalysisFailure` with a :class:`SourceIssue` (``file:line:col:
+message``). :func:`generate` writes the program (:class:`Generated`); generated programs import
+:mod:`transform.runtime`. The solvers are in :mod:`transform.schedule`. docs/transform.md
 documents the whole surface.
 """
 
@@ -42,6 +43,8 @@ __all__ = [
     "SourceError",
     "TransformError",
     "Profile",
+    "generate",
+    "Generated",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -68,8 +71,8 @@ def checkpoint_params(*, overhead: float | None = None, ckpt_cost: float | None 
 
 
 def __getattr__(name: str) -> Any:
-    # The analysis imports libcst, networkx and numpy: load it only when a tool asks for it, so
-    # a program that merely imports the hint stays light.
+    # The analysis imports networkx and numpy (code generation libcst): load them only when a
+    # tool asks for them, so a program that merely imports the hint stays light.
     if name in ("analyze", "AnalysisSuccess", "AnalysisFailure", "AnalysisResult"):
         from transform import analysis
 
@@ -91,6 +94,10 @@ def __getattr__(name: str) -> Any:
         from transform import errors
 
         return getattr(errors, name)
+    if name in ("generate", "Generated"):
+        from transform import codegen
+
+        return getattr(codegen, name)
     if name == "Profile":
         from transform.profile import Profile
 

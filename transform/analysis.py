@@ -3,8 +3,8 @@
 :func:`analyze` never raises for a problem in the user's program or parameters: it returns an
 :class:`AnalysisFailure` carrying the :class:`~transform.errors.SourceIssue` (LibCST's
 ``TransformSuccess | TransformFailure`` style). :class:`AnalysisSuccess` is the data the code
-generator consumes: the task tree (libcst nodes with positions), the schedule of each region with
-per-slot firing rules, and the live facts at every hint.
+generator consumes: the task tree (``ast`` statements with positions), the schedule of each
+region with per-slot firing rules, and the live facts at every hint.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import libcst as cst
-
-from transform.cfg import build_cfg
+from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
 from transform.liveness import LiveFacts, live_at_hints
 from transform.plan import Firing, RegionSchedule, ScheduleParams, schedule_region
@@ -34,6 +32,8 @@ class AnalysisSuccess:
     """Hint id → what must be saved there (for every hint, chosen or not)."""
     warnings: tuple[SourceIssue, ...]
     profile: Profile | None = None
+    segment_costs: Mapping[int, float] = field(default_factory=dict, repr=False)
+    """Hint id → seconds of the code segment that ends at it."""
 
     @property
     def hints(self) -> tuple[Hint, ...]:
@@ -52,13 +52,7 @@ class AnalysisSuccess:
 
     def hint_cost(self, hint_id: int) -> float:
         """Seconds of the code segment that ends at this hint (per execution, as modelled)."""
-        return self._segment_costs().get(hint_id, 0.0)
-
-    def _segment_costs(self) -> dict[int, float]:
-        out: dict[int, float] = {}
-        for region in self.tree.regions:
-            _segment_costs(region, out)
-        return out
+        return self.segment_costs.get(hint_id, 0.0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,14 +86,6 @@ def _segment_costs(region: Region, out: dict[int, float]) -> None:
     walk(region.body)
 
 
-def _region_statements(region: Region) -> tuple[cst.BaseStatement, ...]:
-    node = region.node
-    if isinstance(node, cst.Module):
-        return tuple(node.body)
-    body = node.body
-    return tuple(body.body) if isinstance(body, cst.IndentedBlock) else ()
-
-
 def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
             profile: Profile | None = None) -> AnalysisResult:
     """Analyse a program: its hints, the chosen checkpoints and the live variables."""
@@ -109,9 +95,10 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
     except SourceError as exc:
         return AnalysisFailure(issue=exc.issue)
     live: dict[int, LiveFacts] = {}
+    call_reads = module_call_reads(tree.module) if tree.regions else set()
     for region in tree.regions:
         hint_statements = {id(h.statement): h.id for h in region.body.hints()}
-        cfg = build_cfg(region.node, _region_statements(region), hint_statements)
+        cfg = build_cfg(region.node, region.statements, hint_statements, call_reads=call_reads)
         live.update(live_at_hints(cfg))
     schedules = []
     for region in tree.regions:
@@ -126,5 +113,8 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
                                                      column=where.column, message=str(exc),
                                                      kind="schedule"),
                                    warnings=tree.warnings)
+    costs: dict[int, float] = {}
+    for region in tree.regions:
+        _segment_costs(region, costs)
     return AnalysisSuccess(path=path, tree=tree, schedules=tuple(schedules), live=live,
-                           warnings=tree.warnings, profile=profile)
+                           warnings=tree.warnings, profile=profile, segment_costs=costs)

@@ -16,26 +16,32 @@ may-bind: the comprehension may not run); a lambda or nested def reads its free 
 is used (every use of a name bound to a closure reads the closure's free variables, and a closure
 that escapes keeps them live everywhere); ``global``/``nonlocal`` names are live at the exit and
 read by every call; at module level every call may read the module names that functions read.
+
+Built on :mod:`ast`: names come from one recursive pass per expression (no visitor objects), and
+the free names of each function or lambda are computed once and cached.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import libcst as cst
 import networkx as nx
 
-__all__ = ["CfgNode", "RegionCfg", "build_cfg", "expression_names", "free_names"]
+__all__ = ["CfgNode", "RegionCfg", "build_cfg", "expression_names", "free_names",
+           "target_names", "pattern_names", "import_binding", "walrus_names",
+           "module_call_reads"]
 
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @dataclass(slots=True)
 class CfgNode:
     id: int
     kind: str
-    node: cst.CSTNode | None = field(default=None, repr=False)
+    node: ast.AST | None = field(default=None, repr=False)
     uses: set[str] = field(default_factory=set)
     defs: set[str] = field(default_factory=set)
     kills: set[str] = field(default_factory=set)
@@ -53,204 +59,251 @@ class RegionCfg:
     params: frozenset[str]
     """Names bound at entry (function parameters)."""
     static: frozenset[str]
-    """Names every binding of which is an import, def or class statement."""
+    """Names every binding of which is an import, def, class or ``name = lambda …``."""
     escaped: frozenset[str]
     """Free variables of closures that escape: treated as live wherever they may be bound."""
     hint_nodes: dict[int, int]
     """hint id -> node id."""
+    declared_outer: frozenset[str] = frozenset()
+    """Names the region declares ``global`` or ``nonlocal``."""
 
 
 # --------------------------------------------------------------------------- names
 
+_FREE_CACHE: dict[int, tuple[ast.AST, frozenset[str]]] = {}
 
-def free_names(node: cst.Lambda | cst.FunctionDef) -> set[str]:
-    """Names a lambda or function reads that it does not bind itself."""
-    params = node.params
-    bound: set[str] = set()
+
+def _arg_names(args: ast.arguments) -> set[str]:
+    names = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    for star in (args.vararg, args.kwarg):
+        if star is not None:
+            names.add(star.arg)
+    return names
+
+
+def _defaults(args: ast.arguments) -> list[ast.expr]:
+    return [*args.defaults, *(d for d in args.kw_defaults if d is not None)]
+
+
+def free_names(node: ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
+    """Names a lambda or function reads that it does not bind itself (defaults included)."""
+    hit = _FREE_CACHE.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    bound = _arg_names(node.args)
     loads: set[str] = set()
-    for p in (*params.posonly_params, *params.params, *params.kwonly_params):
-        bound.add(p.name.value)
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            bound.add(star.name.value)
-    defaults = [p.default for p in (*params.posonly_params, *params.params,
-                                    *params.kwonly_params) if p.default is not None]
-    if isinstance(node, cst.Lambda):
+    if isinstance(node, ast.Lambda):
         _collect(node.body, loads, bound)
     else:
-        declared_outer: set[str] = set()
-        for stmt in _walk_statements(node.body):
-            if isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    if isinstance(small, cst.Global | cst.Nonlocal):
-                        declared_outer.update(n.name.value for n in small.names)
-        inner = _BodyNames()
-        node.body.visit(inner)
-        loads |= inner.loads
-        bound |= inner.stores - declared_outer
-    outer_loads: set[str] = set()
-    for d in defaults:
-        _collect(d, outer_loads, set())
-    return (loads - bound) | outer_loads
+        declared = _declared_outer(node.body)
+        stores: set[str] = set()
+        _body_names(node.body, loads, stores)
+        bound |= stores - declared
+        loads -= bound
+    outer: set[str] = set()
+    for d in _defaults(node.args):
+        _collect(d, outer, set())
+    result = frozenset((loads - bound) | outer)
+    _FREE_CACHE[id(node)] = (node, result)
+    return result
 
 
-def _walk_statements(block: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    stack = [block]
+def _declared_outer(body: Sequence[ast.stmt]) -> set[str]:
+    out: set[str] = set()
+    for stmt in _own_statements(body):
+        if isinstance(stmt, ast.Global | ast.Nonlocal):
+            out.update(stmt.names)
+    return out
+
+
+def _own_statements(body: Sequence[ast.stmt]) -> Iterable[ast.stmt]:
+    """Statements of a body and its nested blocks, not entering nested defs or classes."""
+    stack = list(reversed(body))
     while stack:
         cur = stack.pop()
-        if isinstance(cur, cst.FunctionDef | cst.ClassDef) and cur is not block:
-            continue
         yield cur
-        stack.extend(c for c in cur.children if isinstance(c, cst.BaseSuite | cst.BaseStatement
-                                                           | cst.BaseCompoundStatement
-                                                           | cst.If | cst.Else | cst.ExceptHandler
-                                                           | cst.Finally | cst.MatchCase))
+        if isinstance(cur, (*_FUNCTIONS, ast.ClassDef)):
+            continue
+        for _name, value in ast.iter_fields(cur):
+            if isinstance(value, list) and value:
+                if isinstance(value[0], ast.stmt):
+                    stack.extend(reversed(value))
+                elif isinstance(value[0], ast.excepthandler | ast.match_case):
+                    for h in reversed(value):
+                        stack.extend(reversed(h.body))
 
 
-class _BodyNames(cst.CSTVisitor):
-    """Loads and stores of a function body (nested scopes contribute their free names)."""
-
-    def __init__(self) -> None:
-        self.loads: set[str] = set()
-        self.stores: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.loads.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Param(self, node: cst.Param) -> bool:
-        self.stores.add(node.name.value)
-        return False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.stores.add(node.name.value)
-        self.loads |= free_names(node)
-        for d in node.decorators:
-            d.visit(self)
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.stores.add(node.name.value)
-        return True
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        self.loads |= free_names(node)
-        return False
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
-        d: set[str] = set()
-        _targets(node.target, d, self.loads)
-        self.stores |= d
-        return False
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self.stores.add(node.target.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self.stores.add(node.target.value)
-
-    def visit_For(self, node: cst.For) -> None:
-        _targets(node.target, self.stores, self.loads)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        _targets(node.name, self.stores, self.loads)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        pass  # comprehension variables: loads of them cancel against nothing; harmless
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        if isinstance(node.target, cst.Name):
-            self.stores.add(node.target.value)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> bool:
-        self.stores.add(_import_binding(node))
-        return False
+def _body_names(body: Sequence[ast.stmt], loads: set[str], stores: set[str]) -> None:
+    """Loads and stores of a function body; nested scopes contribute their free names."""
+    for stmt in body:
+        _node_names(stmt, loads, stores)
 
 
-def _import_binding(alias: cst.ImportAlias) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    name = alias.name
-    while isinstance(name, cst.Attribute):
-        name = name.value  # type: ignore[assignment]
-    assert isinstance(name, cst.Name)
-    return name.value
+def _node_names(node: ast.AST, loads: set[str], stores: set[str]) -> None:
+    if isinstance(node, ast.Name):
+        if isinstance(node.ctx, ast.Load):
+            loads.add(node.id)
+        elif isinstance(node.ctx, ast.Store):
+            stores.add(node.id)
+        else:
+            loads.add(node.id)
+            stores.add(node.id)
+        return
+    if isinstance(node, _FUNCTIONS):
+        stores.add(node.name)
+        loads.update(free_names(node))
+        for d in node.decorator_list:
+            _collect(d, loads, set())
+        return
+    if isinstance(node, ast.Lambda):
+        loads.update(free_names(node))
+        return
+    if isinstance(node, ast.ClassDef):
+        stores.add(node.name)
+        for e in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
+            _collect(e, loads, set())
+        _body_names(node.body, loads, set())  # class attributes bind nothing outside
+        return
+    if isinstance(node, _COMPREHENSIONS):
+        walrus: set[str] = set()
+        _collect(node, loads, set(), walrus)
+        stores |= walrus
+        return
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        stores.update(import_binding(a) for a in node.names)
+        return
+    if isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+        stores.add(node.name)
+    elif isinstance(node, ast.MatchMapping) and node.rest:
+        stores.add(node.rest)
+    for child in ast.iter_child_nodes(node):
+        _node_names(child, loads, stores)
 
 
-def _targets(target: cst.CSTNode, defs: set[str], uses: set[str]) -> None:
+def import_binding(alias: ast.alias) -> str:
+    """The name an import alias binds (``import a.b`` binds ``a``; ``*`` stays ``*``)."""
+    if alias.asname:
+        return alias.asname
+    return alias.name.split(".", 1)[0]
+
+
+def target_names(target: ast.AST, defs: set[str], uses: set[str]) -> None:
     """Names bound by an assignment target; reads of ``obj``/``i`` in ``obj.x``/``obj[i]``."""
-    if isinstance(target, cst.Name):
-        defs.add(target.value)
-    elif isinstance(target, cst.Tuple | cst.List):
-        for el in target.elements:
-            _targets(el.value, defs, uses)
-    elif isinstance(target, cst.StarredElement):
-        _targets(target.value, defs, uses)
-    elif isinstance(target, cst.Attribute):
+    if isinstance(target, ast.Name):
+        defs.add(target.id)
+    elif isinstance(target, ast.Tuple | ast.List):
+        for el in target.elts:
+            target_names(el, defs, uses)
+    elif isinstance(target, ast.Starred):
+        target_names(target.value, defs, uses)
+    elif isinstance(target, ast.Attribute):
         _collect(target.value, uses, set())
-    elif isinstance(target, cst.Subscript):
+    elif isinstance(target, ast.Subscript):
         _collect(target.value, uses, set())
-        for sub in target.slice:
-            _collect(sub, uses, set())
+        _collect(target.slice, uses, set())
     else:
         _collect(target, uses, set())
 
 
-def _collect(node: cst.CSTNode, loads: set[str], bound: set[str],
-             walrus: set[str] | None = None, lambdas: list[cst.Lambda] | None = None) -> None:
+class _Calls:
+    """Side facts of one expression walk: did it call anything, which lambdas did it hold."""
+
+    __slots__ = ("called", "lambdas")
+
+    def __init__(self) -> None:
+        self.called = False
+        self.lambdas: list[ast.Lambda] = []
+
+
+def _collect(node: ast.AST, loads: set[str], bound: set[str],
+             walrus: set[str] | None = None, calls: _Calls | None = None) -> None:
     """Names read by an expression (minus ``bound``); walrus targets go to ``walrus``."""
-    if isinstance(node, cst.Name):
-        if node.value not in bound:
-            loads.add(node.value)
+    if isinstance(node, ast.Name):
+        if node.id not in bound:
+            loads.add(node.id)
         return
-    if isinstance(node, cst.Attribute):
-        _collect(node.value, loads, bound, walrus, lambdas)
+    if isinstance(node, ast.Constant):
         return
-    if isinstance(node, cst.Lambda):
+    if isinstance(node, ast.Attribute):
+        _collect(node.value, loads, bound, walrus, calls)
+        return
+    if isinstance(node, ast.Call):
+        if calls is not None:
+            calls.called = True
+    elif isinstance(node, ast.Lambda):
         loads.update(free_names(node) - bound)
-        if lambdas is not None:
-            lambdas.append(node)
+        if calls is not None:
+            calls.lambdas.append(node)
         return
-    if isinstance(node, cst.NamedExpr):
-        if isinstance(node.target, cst.Name) and walrus is not None:
-            walrus.add(node.target.value)
-        _collect(node.value, loads, bound, walrus, lambdas)
+    elif isinstance(node, ast.NamedExpr):
+        if walrus is not None and isinstance(node.target, ast.Name):
+            walrus.add(node.target.id)
+        _collect(node.value, loads, bound, walrus, calls)
         return
-    if isinstance(node, _COMPREHENSIONS):
+    elif isinstance(node, _COMPREHENSIONS):
         inner_bound = set(bound)
-        comp: cst.CompFor | None = node.for_in
-        parts: list[cst.CSTNode] = []
         first = True
-        while isinstance(comp, cst.CompFor):
+        for comp in node.generators:
             # The first iterable is evaluated in the enclosing scope.
-            _collect(comp.iter, loads, bound if first else inner_bound, walrus, lambdas)
+            _collect(comp.iter, loads, bound if first else inner_bound, walrus, calls)
             first = False
             names: set[str] = set()
-            _targets(comp.target, names, loads)
+            target_names(comp.target, names, loads)
             inner_bound |= names
-            parts.extend(cond.test for cond in comp.ifs)
-            comp = comp.inner_for_in
-        if isinstance(node, cst.DictComp):
-            parts += [node.key, node.value]
-        else:
-            parts.append(node.elt)
+            for cond in comp.ifs:
+                _collect(cond, loads, inner_bound, walrus, calls)
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for part in parts:
-            _collect(part, loads, inner_bound, walrus, lambdas)
+            _collect(part, loads, inner_bound, walrus, calls)
         return
-    for child in node.children:
-        _collect(child, loads, bound, walrus, lambdas)
+    for child in ast.iter_child_nodes(node):
+        _collect(child, loads, bound, walrus, calls)
 
 
-def expression_names(node: cst.CSTNode) -> set[str]:
+def walrus_names(node: ast.AST) -> set[str]:
+    """Names an expression binds in its own scope with ``:=``."""
+    out: set[str] = set()
+    _collect(node, set(), set(), out)
+    return out
+
+
+def expression_names(node: ast.AST) -> set[str]:
     """Names an expression reads (for tests and tools)."""
     out: set[str] = set()
     _collect(node, out, set())
     return out
+
+
+def pattern_names(pattern: ast.AST, binds: set[str], uses: set[str]) -> None:
+    """Captures a match pattern binds; names its value and class patterns read."""
+    if isinstance(pattern, ast.MatchAs):
+        if pattern.name:
+            binds.add(pattern.name)
+        if pattern.pattern is not None:
+            pattern_names(pattern.pattern, binds, uses)
+        return
+    if isinstance(pattern, ast.MatchStar):
+        if pattern.name:
+            binds.add(pattern.name)
+        return
+    if isinstance(pattern, ast.MatchMapping):
+        if pattern.rest:
+            binds.add(pattern.rest)
+        for key in pattern.keys:
+            _collect(key, uses, set())
+        for p in pattern.patterns:
+            pattern_names(p, binds, uses)
+        return
+    if isinstance(pattern, ast.MatchClass):
+        _collect(pattern.cls, uses, set())
+        for p in (*pattern.patterns, *pattern.kwd_patterns):
+            pattern_names(p, binds, uses)
+        return
+    if isinstance(pattern, ast.MatchValue):
+        _collect(pattern.value, uses, set())
+        return
+    for child in ast.iter_child_nodes(pattern):
+        pattern_names(child, binds, uses)
 
 
 # --------------------------------------------------------------------------- graph building
@@ -266,20 +319,20 @@ class _Graph:
     def __init__(self) -> None:
         self.graph: nx.DiGraph = nx.DiGraph()
         self.nodes: dict[int, CfgNode] = {}
-        self.closures: dict[str, set[str]] = {}
+        self.closures: dict[str, frozenset[str]] = {}
         self.escaped: set[str] = set()
         self.call_reads: set[str] = set()
         self.binding_kinds: dict[str, set[str]] = {}
         self.hint_nodes: dict[int, int] = {}
+        self.edges: list[tuple[int, int]] = []
 
-    def new(self, kind: str, node: cst.CSTNode | None = None) -> CfgNode:
+    def new(self, kind: str, node: ast.AST | None = None) -> CfgNode:
         n = CfgNode(id=len(self.nodes), kind=kind, node=node)
         self.nodes[n.id] = n
-        self.graph.add_node(n.id)
         return n
 
     def edge(self, a: int, b: int) -> None:
-        self.graph.add_edge(a, b)
+        self.edges.append((a, b))
 
     def bind(self, n: CfgNode, names: Iterable[str], how: str, *, certain: bool = True) -> None:
         for name in names:
@@ -288,61 +341,54 @@ class _Graph:
                 n.kills.add(name)
             self.binding_kinds.setdefault(name, set()).add(how)
 
-    def read_expr(self, n: CfgNode, expr: cst.CSTNode | None) -> None:
+    def read_expr(self, n: CfgNode, expr: ast.AST | None) -> None:
         if expr is None:
             return
         walrus: set[str] = set()
-        lambdas: list[cst.Lambda] = []
+        calls = _Calls()
         loads: set[str] = set()
-        _collect(expr, loads, set(), walrus, lambdas)
+        _collect(expr, loads, set(), walrus, calls)
         n.uses |= loads
         self.bind(n, walrus, "value", certain=False)
         self._closure_uses(n, loads, expr)
-        if _has_call(expr):
+        if calls.called:
             n.uses |= self.call_reads
-        for lam in lambdas:
-            if not _is_direct_value(expr, lam):
+        for lam in calls.lambdas:
+            if expr is not lam:
                 self.escaped |= free_names(lam)
 
-    def _closure_uses(self, n: CfgNode, loads: set[str], expr: cst.CSTNode) -> None:
-        for name in loads & set(self.closures):
+    def _closure_uses(self, n: CfgNode, loads: set[str], expr: ast.AST) -> None:
+        for name in loads & self.closures.keys():
             n.uses |= self.closures[name]
             if not _only_called(expr, name):
                 self.escaped |= self.closures[name]
 
 
-def _has_call(expr: cst.CSTNode) -> bool:
-    if isinstance(expr, cst.Call | cst.Decorator | cst.ClassDef):
-        return True
-    if isinstance(expr, cst.Lambda):
-        return False
-    return any(_has_call(c) for c in expr.children)
-
-
-def _is_direct_value(expr: cst.CSTNode, lam: cst.Lambda) -> bool:
-    return expr is lam
-
-
-def _only_called(expr: cst.CSTNode, name: str) -> bool:
+def _only_called(expr: ast.AST, name: str) -> bool:
     """Is every occurrence of ``name`` in ``expr`` the callee of a call?"""
     ok = True
 
-    def walk(node: cst.CSTNode, callee: bool) -> None:
+    def walk(node: ast.AST, callee: bool) -> None:
         nonlocal ok
-        if isinstance(node, cst.Name):
-            if node.value == name and not callee:
+        if isinstance(node, ast.Name):
+            if node.id == name and not callee:
                 ok = False
             return
-        if isinstance(node, cst.Call):
+        if isinstance(node, ast.Call):
             walk(node.func, True)
-            for arg in node.args:
+            for arg in (*node.args, *node.keywords):
                 walk(arg, False)
             return
-        for child in node.children:
+        for child in ast.iter_child_nodes(node):
             walk(child, False)
 
     walk(expr, False)
     return ok
+
+
+def _is_lambda_binding(stmt: ast.Assign) -> bool:
+    return isinstance(stmt.value, ast.Lambda) and len(stmt.targets) == 1 \
+        and isinstance(stmt.targets[0], ast.Name)
 
 
 class _Builder:
@@ -352,14 +398,13 @@ class _Builder:
         self.exit = g.new("exit")
         self.handlers: list[list[int]] = []  # stack of handler entry nodes for try bodies
         self.loops: list[_Loop] = []
-        self.finally_targets: list[int] = []
 
     def may_raise_to(self, node: int) -> None:
         for entries in self.handlers[-1:]:
             for h in entries:
                 self.g.edge(node, h)
 
-    def block(self, statements: Sequence[cst.BaseStatement], preds: list[int]) -> list[int]:
+    def block(self, statements: Sequence[ast.stmt], preds: list[int]) -> list[int]:
         for stmt in statements:
             preds = self.statement(stmt, preds)
         return preds
@@ -369,41 +414,33 @@ class _Builder:
             self.g.edge(p, node.id)
         self.may_raise_to(node.id)
 
-    def statement(self, stmt: cst.BaseStatement, preds: list[int]) -> list[int]:
+    def loop_body(self, head: int, body: Sequence[ast.stmt]) -> tuple[list[int], int]:
+        after = self.g.new("after-loop")
+        self.loops.append(_Loop(head, after.id))
+        ends = self.block(body, [head])
+        self.loops.pop()
+        for e in ends:
+            self.g.edge(e, head)
+        return ends, after.id
+
+    def statement(self, stmt: ast.stmt, preds: list[int]) -> list[int]:
         g = self.g
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                preds = self.small(small, stmt, preds)
-            return preds
-        if isinstance(stmt, cst.If):
+        if isinstance(stmt, ast.If):
             test = g.new("if", stmt)
             g.read_expr(test, stmt.test)
             self.link(preds, test)
-            outs = self.block(_body(stmt.body), [test.id])
-            if isinstance(stmt.orelse, cst.If):
-                outs = outs + self.statement(stmt.orelse, [test.id])
-            elif isinstance(stmt.orelse, cst.Else):
-                outs = outs + self.block(_body(stmt.orelse.body), [test.id])
-            else:
-                outs = [*outs, test.id]
-            return outs
-        if isinstance(stmt, cst.While):
+            outs = self.block(stmt.body, [test.id])
+            return outs + (self.block(stmt.orelse, [test.id]) if stmt.orelse else [test.id])
+        if isinstance(stmt, ast.While):
             head = g.new("while", stmt)
             g.read_expr(head, stmt.test)
             self.link(preds, head)
-            after = g.new("after-while")
-            self.loops.append(_Loop(head.id, after.id))
-            ends = self.block(_body(stmt.body), [head.id])
-            self.loops.pop()
-            for e in ends:
-                g.edge(e, head.id)
-            outs = [head.id]
-            if stmt.orelse is not None:
-                outs = self.block(_body(stmt.orelse.body), outs)
+            _, after = self.loop_body(head.id, stmt.body)
+            outs = self.block(stmt.orelse, [head.id]) if stmt.orelse else [head.id]
             for o in outs:
-                g.edge(o, after.id)
-            return [after.id]
-        if isinstance(stmt, cst.For):
+                g.edge(o, after)
+            return [after]
+        if isinstance(stmt, ast.For | ast.AsyncFor):
             iterate = g.new("for-iter", stmt)
             g.read_expr(iterate, stmt.iter)
             self.link(preds, iterate)
@@ -411,55 +448,48 @@ class _Builder:
             # Resuming inside the loop rebuilds its iterator (range at the saved index, other
             # iterables fast-forwarded), so what the iterable reads stays live in the body.
             head.uses |= iterate.uses
-            uses: set[str] = set()
             names: set[str] = set()
-            _targets(stmt.target, names, uses)
-            head.uses |= uses
+            target_names(stmt.target, names, head.uses)
             g.bind(head, names, "value")
             g.edge(iterate.id, head.id)
             self.may_raise_to(head.id)
-            after = g.new("after-for")
-            self.loops.append(_Loop(head.id, after.id))
-            ends = self.block(_body(stmt.body), [head.id])
-            self.loops.pop()
-            for e in ends:
-                g.edge(e, head.id)
+            _, after = self.loop_body(head.id, stmt.body)
             # The loop may run zero times: the exit leaves from the iterator, not the target.
             outs = [iterate.id, head.id]
-            if stmt.orelse is not None:
-                outs = self.block(_body(stmt.orelse.body), outs)
+            if stmt.orelse:
+                outs = self.block(stmt.orelse, outs)
             for o in outs:
-                g.edge(o, after.id)
-            return [after.id]
-        if isinstance(stmt, cst.With):
+                g.edge(o, after)
+            return [after]
+        if isinstance(stmt, ast.With | ast.AsyncWith):
             enter = g.new("with", stmt)
             for item in stmt.items:
-                g.read_expr(enter, item.item)
-                if item.asname is not None:
+                g.read_expr(enter, item.context_expr)
+                if item.optional_vars is not None:
                     names = set()
-                    _targets(item.asname.name, names, enter.uses)
+                    target_names(item.optional_vars, names, enter.uses)
                     g.bind(enter, names, "value")
             self.link(preds, enter)
-            ends = self.block(_body(stmt.body), [enter.id])
-            after = g.new("after-with")
-            body_nodes = self._nodes_between(enter.id, after.id)
-            for n in body_nodes:
-                g.edge(n, after.id)  # __exit__ may swallow an exception raised anywhere
+            first_inner = len(g.nodes)
+            ends = self.block(stmt.body, [enter.id])
+            after_with = g.new("after-with")
+            for inner in range(first_inner, after_with.id):
+                g.edge(inner, after_with.id)  # __exit__ may swallow an exception raised anywhere
             for e in ends:
-                g.edge(e, after.id)
-            return [after.id]
-        if isinstance(stmt, cst.Try | cst.TryStar):
+                g.edge(e, after_with.id)
+            return [after_with.id]
+        if isinstance(stmt, ast.Try | ast.TryStar):
             return self.try_statement(stmt, preds)
-        if isinstance(stmt, cst.Match):
+        if isinstance(stmt, ast.Match):
             subject = g.new("match", stmt)
             g.read_expr(subject, stmt.subject)
             self.link(preds, subject)
-            outs = []
+            arm_ends: list[int] = []
             prev = [subject.id]
             for case in stmt.cases:
                 pat = g.new("case", case)
                 names = set()
-                _pattern(case.pattern, names, pat.uses)
+                pattern_names(case.pattern, names, pat.uses)
                 # A failed match may leave some captures bound (may-bind); a successful one
                 # binds them all before the guard and the body run (certain).
                 g.bind(pat, names, "value", certain=False)
@@ -469,76 +499,65 @@ class _Builder:
                 g.read_expr(bound, case.guard)
                 g.edge(pat.id, bound.id)
                 self.may_raise_to(bound.id)
-                outs += self.block(_body(case.body), [bound.id])
+                arm_ends += self.block(case.body, [bound.id])
                 prev = [pat.id, bound.id] if case.guard is not None else [pat.id]
-            return outs + prev
-        if isinstance(stmt, cst.FunctionDef):
+            return arm_ends + prev
+        if isinstance(stmt, _FUNCTIONS):
             node = g.new("def", stmt)
-            for d in stmt.decorators:
-                g.read_expr(node, d.decorator)
-            free = free_names(stmt)
-            for p in (*stmt.params.params, *stmt.params.kwonly_params,
-                      *stmt.params.posonly_params):
-                if p.default is not None:
-                    g.read_expr(node, p.default)
-            g.bind(node, {stmt.name.value}, "def")
-            g.closures[stmt.name.value] = free
+            for d in stmt.decorator_list:
+                g.read_expr(node, d)
+            if stmt.decorator_list:
+                node.uses |= g.call_reads  # a decorator is a call
+            for d in _defaults(stmt.args):
+                g.read_expr(node, d)
+            g.bind(node, {stmt.name}, "def")
+            g.closures[stmt.name] = free_names(stmt)
             self.link(preds, node)
             return [node.id]
-        if isinstance(stmt, cst.ClassDef):
+        if isinstance(stmt, ast.ClassDef):
             node = g.new("class", stmt)
-            for d in stmt.decorators:
-                g.read_expr(node, d.decorator)
-            for arg in stmt.bases:
-                g.read_expr(node, arg.value)
-            inner = _BodyNames()
-            stmt.body.visit(inner)
-            node.uses |= inner.loads - inner.stores
+            for expr in (*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)):
+                g.read_expr(node, expr)
+            loads: set[str] = set()
+            stores: set[str] = set()
+            _body_names(stmt.body, loads, stores)
+            node.uses |= loads - stores
             node.uses |= g.call_reads
-            g.bind(node, {stmt.name.value}, "def")
+            g.bind(node, {stmt.name}, "def")
             self.link(preds, node)
             return [node.id]
-        node = g.new(type(stmt).__name__, stmt)
-        g.read_expr(node, stmt)
-        self.link(preds, node)
-        return [node.id]
+        return self.small(stmt, preds)
 
-    def _nodes_between(self, first: int, last: int) -> list[int]:
-        return [i for i in self.g.nodes if first < i < last]
-
-    def try_statement(self, stmt: cst.Try | cst.TryStar, preds: list[int]) -> list[int]:
+    def try_statement(self, stmt: ast.Try | ast.TryStar, preds: list[int]) -> list[int]:
         g = self.g
         start = g.new("try", stmt)
         self.link(preds, start)
-        handler_entries: list[int] = []
-        handler_nodes: list[tuple[cst.ExceptHandler | cst.ExceptStarHandler, CfgNode]] = []
+        handler_nodes: list[tuple[ast.ExceptHandler, CfgNode]] = []
         for h in stmt.handlers:
             hn = g.new("except", h)
             g.read_expr(hn, h.type)
-            if h.name is not None:
-                names: set[str] = set()
-                _targets(h.name.name, names, hn.uses)
-                g.bind(hn, names, "value")
-            handler_entries.append(hn.id)
+            if h.name:
+                g.bind(hn, {h.name}, "value")
             handler_nodes.append((h, hn))
-        fin_entry = g.new("finally", stmt.finalbody) if stmt.finalbody is not None else None
+        handler_entries = [hn.id for _, hn in handler_nodes]
+        fin_entry = g.new("finally", stmt) if stmt.finalbody else None
         raise_targets = handler_entries + ([fin_entry.id] if fin_entry else [])
         self.handlers.append(raise_targets or [self.exit.id])
         for t in raise_targets:
             g.edge(start.id, t)
-        body_outs = self.block(_body(stmt.body), [start.id])
+        body_outs = self.block(stmt.body, [start.id])
         self.handlers.pop()
-        if stmt.orelse is not None:
-            body_outs = self.block(_body(stmt.orelse.body), body_outs)
+        if stmt.orelse:
+            body_outs = self.block(stmt.orelse, body_outs)
         outs = list(body_outs)
         if fin_entry is not None:
             self.handlers.append([fin_entry.id])
         for h, hn in handler_nodes:
-            ends = self.block(_body(h.body), [hn.id])
-            if h.name is not None and isinstance(h.name.name, cst.Name):
+            ends = self.block(h.body, [hn.id])
+            if h.name:
                 cleanup = g.new("except-end")
-                cleanup.kills.add(h.name.name.value)
-                cleanup.unbinds.add(h.name.name.value)
+                cleanup.kills.add(h.name)
+                cleanup.unbinds.add(h.name)
                 for e in ends:
                     g.edge(e, cleanup.id)
                 ends = [cleanup.id]
@@ -547,8 +566,7 @@ class _Builder:
             self.handlers.pop()
             for o in outs:
                 g.edge(o, fin_entry.id)
-            assert stmt.finalbody is not None
-            ends = self.block(_body(stmt.finalbody.body), [fin_entry.id])
+            ends = self.block(stmt.finalbody, [fin_entry.id])
             # After finally: the normal successor, or wherever the pending jump was going.
             for e in ends:
                 g.edge(e, self.exit.id)
@@ -559,72 +577,71 @@ class _Builder:
             return ends
         return outs
 
-    def small(self, small: cst.BaseSmallStatement, line: cst.SimpleStatementLine,
-              preds: list[int]) -> list[int]:
+    def small(self, small: ast.stmt, preds: list[int]) -> list[int]:
         g = self.g
-        node = g.new(type(small).__name__, line)
-        if isinstance(small, cst.Expr) and _is_hint(small.value):
+        node = g.new(type(small).__name__, small)
+        if isinstance(small, ast.Expr) and _is_hint(small.value):
             node.kind = "hint"
-        if isinstance(small, cst.Assign):
+        if isinstance(small, ast.Assign):
             g.read_expr(node, small.value)
+            lam = _is_lambda_binding(small)
             for t in small.targets:
                 names: set[str] = set()
-                _targets(t.target, names, node.uses)
-                g.bind(node, names, "value")
-                if isinstance(small.value, cst.Lambda) and isinstance(t.target, cst.Name):
-                    # ``f = lambda: x`` reads x wherever f is used, like a nested def.
-                    g.closures[t.target.value] = free_names(small.value)
-        elif isinstance(small, cst.AugAssign):
+                target_names(t, names, node.uses)
+                g.bind(node, names, "def" if lam else "value")
+            if lam:
+                # ``f = lambda: x`` reads x wherever f is used, like a nested def.
+                target = small.targets[0]
+                assert isinstance(target, ast.Name) and isinstance(small.value, ast.Lambda)
+                g.closures[target.id] = free_names(small.value)
+        elif isinstance(small, ast.AugAssign):
             g.read_expr(node, small.value)
             names = set()
-            _targets(small.target, names, node.uses)
+            target_names(small.target, names, node.uses)
             node.uses |= names  # x += 1 reads x
             g.bind(node, names, "value")
-        elif isinstance(small, cst.AnnAssign):
-            g.read_expr(node, small.annotation.annotation)
+        elif isinstance(small, ast.AnnAssign):
+            g.read_expr(node, small.annotation)
             if small.value is not None:
                 g.read_expr(node, small.value)
                 names = set()
-                _targets(small.target, names, node.uses)
+                target_names(small.target, names, node.uses)
                 g.bind(node, names, "value")
-            elif not isinstance(small.target, cst.Name):
-                _targets(small.target, set(), node.uses)
-        elif isinstance(small, cst.Del):
+            elif not isinstance(small.target, ast.Name):
+                target_names(small.target, set(), node.uses)
+        elif isinstance(small, ast.Delete):
             names = set()
-            _targets(small.target, names, node.uses)
+            for t in small.targets:
+                target_names(t, names, node.uses)
             node.uses |= names
             node.kills |= names
             node.unbinds |= names
-        elif isinstance(small, cst.Import | cst.ImportFrom):
-            if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
-                g.bind(node, {"*"}, "import")
-            else:
-                assert not isinstance(small.names, cst.ImportStar)
-                g.bind(node, {_import_binding(a) for a in small.names}, "import")
-        elif isinstance(small, cst.Global | cst.Nonlocal):
+        elif isinstance(small, ast.Import | ast.ImportFrom):
+            g.bind(node, {import_binding(a) for a in small.names}, "import")
+        elif isinstance(small, ast.Global | ast.Nonlocal):
             pass
-        elif isinstance(small, cst.Return):
+        elif isinstance(small, ast.Return):
             g.read_expr(node, small.value)
-        elif isinstance(small, cst.Raise):
+        elif isinstance(small, ast.Raise):
             g.read_expr(node, small.exc)
             g.read_expr(node, small.cause)
         else:
             g.read_expr(node, small)
         self.link(preds, node)
-        if isinstance(small, cst.Return):
+        if isinstance(small, ast.Return):
             g.edge(node.id, self.exit.id)
             self._through_finally(node.id)
             return []
-        if isinstance(small, cst.Raise):
+        if isinstance(small, ast.Raise):
             if not self.handlers:
                 g.edge(node.id, self.exit.id)
             return []
-        if isinstance(small, cst.Break):
+        if isinstance(small, ast.Break):
             if self.loops:
                 g.edge(node.id, self.loops[-1].after)
             self._through_finally(node.id)
             return []
-        if isinstance(small, cst.Continue):
+        if isinstance(small, ast.Continue):
             if self.loops:
                 g.edge(node.id, self.loops[-1].head)
             self._through_finally(node.id)
@@ -640,88 +657,51 @@ class _Builder:
                     self.g.edge(node, h)
 
 
-def _is_hint(expr: cst.BaseExpression) -> bool:
-    if not isinstance(expr, cst.Call):
+def _is_hint(expr: ast.AST) -> bool:
+    if not isinstance(expr, ast.Call):
         return False
     f = expr.func
-    return (isinstance(f, cst.Name) and f.value == "_checkpoint") or (
-        isinstance(f, cst.Attribute) and f.attr.value == "_checkpoint")
+    return (isinstance(f, ast.Name) and f.id == "_checkpoint") or (
+        isinstance(f, ast.Attribute) and f.attr == "_checkpoint")
 
 
-def _pattern(pattern: cst.CSTNode, binds: set[str], uses: set[str]) -> None:
-    if isinstance(pattern, cst.MatchAs):
-        if pattern.name is not None:
-            binds.add(pattern.name.value)
-        if pattern.pattern is not None:
-            _pattern(pattern.pattern, binds, uses)
-        return
-    if isinstance(pattern, cst.MatchStar):
-        if pattern.name is not None:
-            binds.add(pattern.name.value)
-        return
-    if isinstance(pattern, cst.MatchMapping):
-        if pattern.rest is not None:
-            binds.add(pattern.rest.value)
-        for el in pattern.elements:
-            _collect(el.key, uses, set())
-            _pattern(el.pattern, binds, uses)
-        return
-    if isinstance(pattern, cst.MatchClass):
-        _collect(pattern.cls, uses, set())
-        for p in pattern.patterns:
-            _pattern(p.value, binds, uses)
-        for kw in pattern.kwds:
-            _pattern(kw.pattern, binds, uses)
-        return
-    if isinstance(pattern, cst.MatchValue):
-        _collect(pattern.value, uses, set())
-        return
-    for child in pattern.children:
-        _pattern(child, binds, uses)
-
-
-def _body(block: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-    if isinstance(block, cst.IndentedBlock):
-        return block.body
-    if isinstance(block, cst.SimpleStatementSuite):
-        return (cst.SimpleStatementLine(body=block.body),) if block.body else ()
-    return ()
-
-
-def _module_call_reads(module: cst.Module) -> set[str]:
+def module_call_reads(module: ast.Module) -> set[str]:
     """Module names that code in functions and classes reads: any call may read them."""
     reads: set[str] = set()
-    for stmt in _walk_statements(module):
-        if isinstance(stmt, cst.FunctionDef):
+    for stmt in _all_definitions(module.body):
+        if isinstance(stmt, _FUNCTIONS):
             reads |= free_names(stmt)
-        elif isinstance(stmt, cst.ClassDef):
-            inner = _BodyNames()
-            stmt.body.visit(inner)
-            reads |= inner.loads
+        else:
+            loads: set[str] = set()
+            _body_names(stmt.body, loads, set())
+            reads |= loads
     return reads
 
 
-def build_cfg(region_node: cst.Module | cst.FunctionDef, statements: Sequence[cst.BaseStatement],
-              hint_statements: dict[int, int]) -> RegionCfg:
-    """The CFG of a region. ``hint_statements`` maps ``id(statement)`` to hint ids."""
+def _all_definitions(body: Sequence[ast.stmt]) -> Iterable[ast.FunctionDef | ast.AsyncFunctionDef
+                                                         | ast.ClassDef]:
+    for stmt in _own_statements(body):
+        if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+            yield stmt
+
+
+def build_cfg(region_node: ast.Module | ast.FunctionDef, statements: Sequence[ast.stmt],
+              hint_statements: dict[int, int], *,
+              call_reads: set[str] | None = None) -> RegionCfg:
+    """The CFG of a region. ``hint_statements`` maps ``id(statement)`` to hint ids.
+
+    ``call_reads`` (module regions): the module names functions read, when the caller has
+    them already (:func:`module_call_reads`).
+    """
     g = _Graph()
     params: set[str] = set()
     declared_outer: set[str] = set()
-    if isinstance(region_node, cst.FunctionDef):
-        p = region_node.params
-        for prm in (*p.posonly_params, *p.params, *p.kwonly_params):
-            params.add(prm.name.value)
-        for star in (p.star_arg, p.star_kwarg):
-            if isinstance(star, cst.Param):
-                params.add(star.name.value)
-        for stmt in _walk_statements(region_node.body):
-            if isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    if isinstance(small, cst.Global | cst.Nonlocal):
-                        declared_outer.update(n.name.value for n in small.names)
+    if isinstance(region_node, ast.FunctionDef):
+        params = _arg_names(region_node.args)
+        declared_outer = _declared_outer(region_node.body)
         g.call_reads = set(declared_outer)
     else:
-        g.call_reads = _module_call_reads(region_node)
+        g.call_reads = call_reads if call_reads is not None else module_call_reads(region_node)
     for name in params:
         g.binding_kinds.setdefault(name, set()).add("value")
     entry = g.new("entry")
@@ -734,8 +714,10 @@ def build_cfg(region_node: cst.Module | cst.FunctionDef, statements: Sequence[cs
         if n.kind == "hint" and n.node is not None and id(n.node) in hint_statements:
             n.hint = hint_statements[id(n.node)]
             g.hint_nodes[n.hint] = n.id
+    g.graph.add_nodes_from(g.nodes)
+    g.graph.add_edges_from(g.edges)
     static = frozenset(name for name, kinds in g.binding_kinds.items()
                        if kinds <= {"import", "def"} and name not in declared_outer)
     return RegionCfg(graph=g.graph, nodes=g.nodes, entry=entry.id, exit=builder.exit.id,
                      params=frozenset(params), static=static, escaped=frozenset(g.escaped),
-                     hint_nodes=g.hint_nodes)
+                     hint_nodes=g.hint_nodes, declared_outer=frozenset(declared_outer))

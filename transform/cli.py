@@ -1,9 +1,7 @@
 """``ecrl-transform SRC``: choose checkpoints among a program's hints and write the program.
 
-Thin: flags here, work in :mod:`transform.analysis`, words in :mod:`transform.report`. Writing
-the program (``-o``, ``--in-place``, ``--diff``, ``--check``, ``--all-hints``) is the code
-generator's; until it lands those modes still analyse (so bad input gets its message) and then
-say they are not built.
+Thin: flags here, work in :mod:`transform.analysis` and :mod:`transform.codegen`, words in
+:mod:`transform.report`. Without a mode the transformed program goes to stdout.
 """
 
 from __future__ import annotations
@@ -30,11 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-o", "--output", metavar="OUT", help="write the transformed program here")
     out.add_argument("--in-place", action="store_true", help="rewrite SRC")
     out.add_argument("--diff", action="store_true", help="print a unified diff")
-    out.add_argument("--check", action="store_true", help="exit 1 if SRC would change")
     out.add_argument("--explain", action="store_true", help="show the schedule and live sets")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if SRC (or OUT, with -o) would change")
     parser.add_argument("--format", choices=["text", "json"], default="text")
-    parser.add_argument("--all-hints", action="store_true", help="every hint becomes a checkpoint")
-    parser.add_argument("--ckpt-dir", metavar="DIR", help="resume-state directory of the output")
+    parser.add_argument("--all-hints", action="store_true",
+                        help="every hint becomes a checkpoint at every execution (for testing)")
+    parser.add_argument("--ckpt-dir", metavar="DIR",
+                        help="resume-state directory of the written program (default "
+                        ".ecrl-ckpt/<script stem>/; ECRL_CKPT_DIR overrides both at run time)")
     parser.add_argument("--overhead", type=float, metavar="O",
                         help="allowance o, a fraction of run time (default 0.05)")
     parser.add_argument("--ckpt-cost", type=float, metavar="SECONDS",
@@ -60,10 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from transform.analysis import AnalysisFailure, analyze
+    from transform.errors import SourceError
     from transform.plan import ScheduleParams
     from transform.profile import DEFAULT_BANDWIDTH, load_profile, record_profile
     from transform.report import explain_json, explain_text, render_issue
 
+    if args.check and (args.in_place or args.diff or args.explain):
+        print("ecrl-transform: error: --check goes alone or with -o OUT", file=sys.stderr)
+        return EXIT_ERROR
     path = Path(args.src)
     try:
         source = path.read_text(encoding="utf-8")
@@ -71,6 +77,19 @@ def _run(args: argparse.Namespace) -> int:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"ecrl-transform: error: cannot read {args.src}: {reason}", file=sys.stderr)
         return EXIT_ERROR
+    from transform.codegen import already_transformed
+
+    written = source
+    done = already_transformed(source, args.src)
+    if done is not None:
+        # A program ecrl-transform wrote: work from its original, so running again is
+        # idempotent and --check can compare.
+        from transform.strip import looks_generated, strip
+
+        source = strip(source)
+        if looks_generated(source):
+            print(render_issue(done, written), file=sys.stderr)
+            return EXIT_ERROR
     params = ScheduleParams(overhead=args.overhead, ckpt_cost=args.ckpt_cost,
                             failure_rate=args.failure_rate, mtbf=args.mtbf,
                             objective=args.objective)
@@ -89,11 +108,47 @@ def _run(args: argparse.Namespace) -> int:
     if args.explain:
         print(explain_json(result) if args.format == "json" else explain_text(result))
         return EXIT_OK
-    if not result.hints:
-        print(f"ecrl-transform: {args.src} has no _checkpoint() hints", file=sys.stderr)
-    print("ecrl-transform: writing the transformed program is not built yet (issue #6, "
-          "transform-codegen); --explain works", file=sys.stderr)
-    return EXIT_ERROR
+    from transform.codegen import generate
+
+    try:
+        generated = generate(result, all_hints=args.all_hints, ckpt_dir=args.ckpt_dir)
+    except SourceError as exc:
+        print(render_issue(exc.issue, source), file=sys.stderr)
+        return EXIT_ERROR
+    if generated.note:
+        print(f"ecrl-transform: {generated.note}", file=sys.stderr)
+    return _write(args, written, generated.code)
+
+
+def _write(args: argparse.Namespace, source: str, code: str) -> int:
+    from ecrl.atomicio import atomic_write_text
+
+    if args.check:
+        target = Path(args.output) if args.output else Path(args.src)
+        try:
+            current = target.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            current = None
+        if current != code:
+            print(f"ecrl-transform: {target} would change", file=sys.stderr)
+            return EXIT_DIFFERENT
+        return EXIT_OK
+    if args.diff:
+        import difflib
+
+        sys.stdout.writelines(difflib.unified_diff(
+            source.splitlines(keepends=True), code.splitlines(keepends=True),
+            fromfile=args.src, tofile=f"{args.src} (transformed)"))
+        return EXIT_OK
+    if args.in_place:
+        if code != source:
+            atomic_write_text(args.src, code)
+        return EXIT_OK
+    if args.output:
+        atomic_write_text(args.output, code)
+        return EXIT_OK
+    sys.stdout.write(code)
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

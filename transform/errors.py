@@ -30,7 +30,7 @@ class SourceIssue:
     line: int
     """1-based line."""
     column: int
-    """1-based column (editors' convention; libcst's 0-based column plus one)."""
+    """1-based column, in characters (editors' convention)."""
     message: str
     """What is wrong and what to do, one sentence."""
     kind: str

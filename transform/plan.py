@@ -32,6 +32,7 @@ __all__ = [
     "RegionSchedule",
     "schedule_region",
     "region_cut_count",
+    "slot_positions",
 ]
 
 EXPAND_LIMIT = 2_000_000
@@ -217,6 +218,19 @@ def _flatten(seq: Seq, measured: Mapping[int, float]) -> _Pattern:
                                         default=0.0))
             out.extend(joined)
     return out
+
+
+def slot_positions(branch: Branch) -> dict[Slot, int]:
+    """Positions each joined slot takes in one execution of ``branch``, as the model counts them.
+
+    The model counts a joined slot once per position whichever arm runs; generated code settles
+    its counters to this after the branch (see :mod:`transform.runtime`), so a schedule stays on
+    the model's clock when the arm that ran had fewer hints.
+    """
+    counts: dict[Slot, int] = {}
+    for slot in _flatten(Seq(items=(branch,)), {}).cuts:
+        counts[slot] = counts.get(slot, 0) + 1
+    return counts
 
 
 def _apply_profile(pattern: _Pattern, measured: Mapping[tuple[int | None, int | None], float],

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transform._firing import balanced_cuts, balanced_fires
 from transform.errors import ScheduleError
 
 __all__ = [
@@ -108,29 +109,6 @@ class RunSolution:
         """The firing occurrences in order (at most ``limit`` of them)."""
         return balanced_cuts(first=self.first, last=self.last, blocks=self.blocks,
                              cuts=self.cuts, limit=limit)
-
-
-def balanced_cuts(*, first: int, last: int, blocks: int, cuts: int,
-                  limit: int | None = None) -> list[int]:
-    """Occurrences of a balanced rule: ``first + floor(j·(last−first)/blocks)``, ``j=0..blocks``."""
-    if cuts <= 0:
-        return []
-    if blocks == 0:
-        return [first]
-    span = last - first
-    total = blocks + 1 if limit is None else min(blocks + 1, limit)
-    return [first + (j * span) // blocks for j in range(total)]
-
-
-def balanced_fires(occurrence: int, *, first: int, last: int, blocks: int, cuts: int) -> bool:
-    """O(1) membership test for :func:`balanced_cuts` (what generated code evaluates)."""
-    if cuts <= 0 or occurrence < first or occurrence > last:
-        return False
-    if blocks == 0:
-        return occurrence == first
-    d, span = occurrence - first, last - first
-    j = -((-d * blocks) // span)  # ceil(d·blocks/span): the first j whose point is ≥ d
-    return (j * span) // blocks == d
 
 
 # --------------------------------------------------------------------------- cost function

@@ -7,8 +7,14 @@ without hints stays whole), :class:`HintSite`, and the structured tasks :class:`
 :class:`Branch` for loops and branches that contain hints. ``with`` bodies and ``try`` bodies are
 spliced into the enclosing sequence (``Code`` items carry their enclosing statements, so code
 generation can re-enter them); hints in ``except``/``else``/``finally`` clauses and loop ``else``
-clauses are rejected. Every item keeps its libcst node(s) and 1-based positions: the generator
-consumes the tree directly.
+clauses are rejected.
+
+The tree is built on Python's own :mod:`ast` (the C parser: an order of magnitude faster than a
+concrete syntax tree, and its ``lineno``/``col_offset`` are exact). Every item keeps its ``ast``
+statements and 1-based :class:`Position`; code generation maps statements to libcst nodes by
+their position only when it writes a program, so ``--explain`` never pays for libcst. The whole
+file is scanned once (:class:`_Scan`) for what the rules need — which statements hold hints,
+hints in bad places, functions that yield or call ``exec`` — so no subtree is walked twice.
 
 Costs are seconds. ``_cost: X`` as a statement of a code segment declares that segment's time;
 otherwise a static estimate (:data:`STATEMENT_SECONDS` per simple statement, times the iterations
@@ -22,9 +28,6 @@ import ast
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-
-import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from transform.errors import SourceError, SourceIssue
 
@@ -44,6 +47,9 @@ __all__ = [
     "Region",
     "TaskTree",
     "build_task_tree",
+    "is_hint_statement",
+    "is_elif",
+    "parse_source",
 ]
 
 STATEMENT_SECONDS = 1e-3
@@ -58,6 +64,11 @@ _UNSOUND_CALLS = {
     "locals": "locals() exposes every name",
     "vars": "vars() exposes every name",
 }
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_SIMPLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.Import,
+           ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Return, ast.Raise, ast.Pass, ast.Break,
+           ast.Continue, ast.Assert)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,11 +79,6 @@ class Position:
     column: int
     end_line: int
     end_column: int
-
-    @staticmethod
-    def of(code_range: CodeRange) -> Position:
-        return Position(line=code_range.start.line, column=code_range.start.column + 1,
-                        end_line=code_range.end.line, end_column=code_range.end.column + 1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,7 +91,7 @@ class Hint:
     """Qualified name of the region (``<module>`` or ``train``, ``Trainer.fit``…)."""
     loops: tuple[int, ...]
     """Source lines of the enclosing loops of the region, outermost first."""
-    statement: cst.SimpleStatementLine = field(compare=False, repr=False)
+    statement: ast.Expr = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,19 +99,19 @@ class Code:
     """Statements between hints (none of them holds a hint of this region)."""
 
     position: Position
-    statements: tuple[cst.BaseStatement, ...] = field(compare=False, repr=False)
+    statements: tuple[ast.stmt, ...] = field(compare=False, repr=False)
     cost: float
     """Seconds for one execution: declared (``_cost``) or estimated."""
     declared: bool
     """True when a ``_cost`` annotation gave ``cost``."""
-    enclosing: tuple[cst.CSTNode, ...] = field(default=(), compare=False, repr=False)
+    enclosing: tuple[ast.stmt, ...] = field(default=(), compare=False, repr=False)
     """``with``/``try`` statements spliced around this code (outermost first)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HintSite:
     hint: Hint
-    enclosing: tuple[cst.CSTNode, ...] = field(default=(), compare=False, repr=False)
+    enclosing: tuple[ast.stmt, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,14 +119,14 @@ class Loop:
     """A ``for``/``while`` loop whose body holds hints."""
 
     position: Position
-    node: cst.For | cst.While = field(compare=False, repr=False)
+    node: ast.For | ast.While = field(compare=False, repr=False)
     iterations: int
     iterations_from: str
     """``annotation`` (``_iterations: N``) or ``range`` (literal bounds)."""
     header_cost: float
     """Seconds per iteration outside the body's statements (the test or the iterator step)."""
     body: Seq
-    enclosing: tuple[cst.CSTNode, ...] = field(default=(), compare=False, repr=False)
+    enclosing: tuple[ast.stmt, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,10 +138,10 @@ class Branch:
     """
 
     position: Position
-    node: cst.If | cst.Match = field(compare=False, repr=False)
+    node: ast.If | ast.Match = field(compare=False, repr=False)
     arms: tuple[Seq, ...]
     test_cost: float
-    enclosing: tuple[cst.CSTNode, ...] = field(default=(), compare=False, repr=False)
+    enclosing: tuple[ast.stmt, ...] = field(default=(), compare=False, repr=False)
 
 
 Item = Code | HintSite | Loop | Branch
@@ -170,15 +176,20 @@ class RegionParams:
 class Region:
     name: str
     position: Position
-    node: cst.Module | cst.FunctionDef = field(compare=False, repr=False)
+    node: ast.Module | ast.FunctionDef = field(compare=False, repr=False)
     body: Seq
     params: RegionParams
+
+    @property
+    def statements(self) -> list[ast.stmt]:
+        return self.node.body
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TaskTree:
     path: str
-    module: cst.Module = field(compare=False, repr=False)
+    source: str = field(compare=False, repr=False)
+    module: ast.Module = field(compare=False, repr=False)
     regions: tuple[Region, ...]
     hints: tuple[Hint, ...]
     warnings: tuple[SourceIssue, ...]
@@ -187,67 +198,45 @@ class TaskTree:
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_hint_call(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.Call):
+def _is_hint_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
         return False
     func = node.func
-    if isinstance(func, cst.Name):
-        return func.value == HINT_NAME
-    return isinstance(func, cst.Attribute) and func.attr.value == HINT_NAME
+    if isinstance(func, ast.Name):
+        return func.id == HINT_NAME
+    return isinstance(func, ast.Attribute) and func.attr == HINT_NAME
 
 
-def _name_of_call(node: cst.Call) -> str | None:
+def is_hint_statement(stmt: ast.AST) -> bool:
+    """Is ``stmt`` the statement ``_checkpoint()`` (or ``mod._checkpoint()``)?"""
+    return isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value)
+
+
+def _call_name(node: ast.Call) -> str | None:
     func = node.func
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
     return None
-
-
-class _Finder(cst.CSTVisitor):
-    """Collects hint calls, stopping at nested function and class definitions."""
-
-    def __init__(self) -> None:
-        self.found = False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if _is_hint_call(node):
-            self.found = True
-        return True
-
-
-def _holds_hint(node: cst.CSTNode) -> bool:
-    finder = _Finder()
-    node.visit(finder)
-    return finder.found
 
 
 _ARITH = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult,
           ast.FloorDiv, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Mod)
 
 
-def _literal_number(module: cst.Module, expr: cst.BaseExpression) -> float | None:
+def _literal_number(expr: ast.expr) -> float | None:
     """The value of a literal arithmetic expression (``10**9``, ``3_600 * 24``), else None."""
-    source = module.code_for_node(expr)
-    try:
-        tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError:
-        return None
-    if not all(isinstance(n, _ARITH) for n in ast.walk(tree)):
-        return None
-    if any(isinstance(n, ast.Constant) and not isinstance(n.value, int | float)
-           for n in ast.walk(tree)):
-        return None
+    if isinstance(expr, ast.Constant):
+        value = expr.value
+        return value if type(value) is int or type(value) is float else None
+    tree = ast.Expression(body=expr)
+    for n in ast.walk(tree):
+        if not isinstance(n, _ARITH):
+            return None
+        if isinstance(n, ast.Constant) and (isinstance(n.value, bool)
+                                            or not isinstance(n.value, int | float)):
+            return None
     try:
         value = eval(compile(tree, "<literal>", "eval"), {"__builtins__": {}}, {})
     except (ArithmeticError, ValueError, OverflowError):
@@ -257,61 +246,203 @@ def _literal_number(module: cst.Module, expr: cst.BaseExpression) -> float | Non
     return float(value) if isinstance(value, float) else value
 
 
-def _annotation_name(stmt: cst.BaseStatement) -> tuple[str, cst.AnnAssign] | None:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
-    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) \
-            and small.value is None and small.target.value in ("_iterations", "_cost"):
-        return small.target.value, small
+def _annotation_name(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+            and stmt.value is None and stmt.target.id in ("_iterations", "_cost"):
+        return stmt.target.id
     return None
+
+
+class _Lines:
+    """Byte offsets (``ast``) to 1-based character columns (editors), line by line."""
+
+    def __init__(self, source: str) -> None:
+        self.lines = source.splitlines()
+
+    def column(self, line: int, byte_offset: int) -> int:
+        if 1 <= line <= len(self.lines):
+            text = self.lines[line - 1]
+            if not text.isascii():
+                return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "replace")) + 1
+        return byte_offset + 1
+
+    def position(self, node: ast.AST) -> Position:
+        line: int = getattr(node, "lineno", 1)
+        end_line: int = getattr(node, "end_lineno", None) or line
+        end_col: int = getattr(node, "end_col_offset", None) or 0
+        return Position(line=line, column=self.column(line, getattr(node, "col_offset", 0)),
+                        end_line=end_line, end_column=self.column(end_line, end_col))
+
+
+# --------------------------------------------------------------------------- the one scan
+
+
+@dataclass(slots=True)
+class _ScopeFacts:
+    yields: ast.AST | None = None
+    unsound: tuple[ast.AST, str] | None = None
+
+
+class _Scan:
+    """One pass over the whole file: every fact the task-tree rules ask about.
+
+    ``holding``: ids of statements that hold a hint statement of their own region (not through a
+    nested def, class or lambda). ``facts``: per function (id) and for the module (key 0), the
+    first ``yield`` and the first ``exec``/``eval``/``locals``/``vars`` call of its own body.
+    ``problem``: the first hint in a place no checkpoint can be (comprehension, lambda,
+    expression).
+    """
+
+    def __init__(self) -> None:
+        self.holding: set[int] = set()
+        self.hint_statements: set[int] = set()
+        self.facts: dict[int, _ScopeFacts] = {0: _ScopeFacts()}
+        self.problem: tuple[ast.AST, str, str] | None = None
+
+    def run(self, module: ast.Module) -> None:
+        self.block(module.body, [], 0, inside="")
+
+    def block(self, body: Sequence[ast.stmt], stack: list[ast.stmt], scope: int,
+              inside: str) -> None:
+        for stmt in body:
+            self.statement(stmt, stack, scope, inside)
+
+    def statement(self, stmt: ast.stmt, stack: list[ast.stmt], scope: int, inside: str) -> None:
+        if isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value):
+            if inside == "class" and self.problem is None:
+                self.problem = (stmt, "hint-in-class",
+                                "_checkpoint() directly in a class body cannot be a checkpoint: "
+                                "put it in a method or at module level")
+            self.hint_statements.add(id(stmt))
+            self.holding.update(id(s) for s in stack)
+            assert isinstance(stmt.value, ast.Call)
+            for a in (*stmt.value.args, *(k.value for k in stmt.value.keywords)):
+                self.expr(a, scope, "")
+            return
+        if isinstance(stmt, ast.ClassDef):
+            for e in (*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)):
+                self.expr(e, scope, inside)
+            # A class body runs once, at definition: its own scope, never a region.
+            self.facts.setdefault(id(stmt), _ScopeFacts())
+            self.block(stmt.body, [], id(stmt), inside="class")
+            return
+        if isinstance(stmt, _FUNCTIONS):
+            for e in (*stmt.decorator_list, *_defaults(stmt.args)):
+                self.expr(e, scope, inside)
+            self.facts[id(stmt)] = _ScopeFacts()
+            self.block(stmt.body, [], id(stmt), inside="")
+            return
+        stack.append(stmt)
+        for _name, value in ast.iter_fields(stmt):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.block(value, stack, scope, inside)
+                    continue
+                for v in value:
+                    if isinstance(v, ast.AST):
+                        self.child(v, stack, scope, inside)
+            elif isinstance(value, ast.AST):
+                self.child(value, stack, scope, inside)
+        stack.pop()
+
+    def child(self, node: ast.AST, stack: list[ast.stmt], scope: int, inside: str) -> None:
+        """A non-statement child of a statement: handlers, cases, with items, expressions."""
+        if isinstance(node, ast.excepthandler | ast.match_case):
+            for _name, value in ast.iter_fields(node):
+                if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                    self.block(value, stack, scope, inside)
+                elif isinstance(value, ast.AST):
+                    self.expr(value, scope, inside)
+            return
+        self.expr(node, scope, inside)
+
+    def expr(self, node: ast.AST, scope: int, inside: str) -> None:
+        todo: list[tuple[ast.AST, str]] = [(node, inside)]
+        while todo:
+            cur, where = todo.pop()
+            if isinstance(cur, ast.Call):
+                if _is_hint_call(cur):
+                    self.bad_hint(cur, where)
+                elif isinstance(cur.func, ast.Name) and cur.func.id in _UNSOUND_CALLS \
+                        and where != "lambda":
+                    facts = self.facts.setdefault(scope, _ScopeFacts())
+                    if facts.unsound is None and not (cur.func.id == "vars" and cur.args):
+                        facts.unsound = (cur, _UNSOUND_CALLS[cur.func.id])
+            elif isinstance(cur, ast.Yield | ast.YieldFrom):
+                if where != "lambda":
+                    facts = self.facts.setdefault(scope, _ScopeFacts())
+                    if facts.yields is None:
+                        facts.yields = cur
+            elif isinstance(cur, ast.Lambda):
+                where = "lambda"
+            elif isinstance(cur, _COMPREHENSIONS) and where != "lambda":
+                where = "comprehension"
+            todo.extend((c, where) for c in ast.iter_child_nodes(cur))
+
+    def bad_hint(self, call: ast.Call, where: str) -> None:
+        if self.problem is not None:
+            return
+        if where == "comprehension":
+            self.problem = (call, "hint-in-comprehension",
+                            "_checkpoint() inside a comprehension cannot be a checkpoint: write "
+                            "the loop as a for statement")
+        elif where == "lambda":
+            self.problem = (call, "hint-in-lambda",
+                            "_checkpoint() inside a lambda cannot be a checkpoint: use a def")
+        else:
+            self.problem = (call, "hint-in-expression",
+                            "_checkpoint() must be a statement of its own, not part of an "
+                            "expression")
 
 
 # --------------------------------------------------------------------------- builder
 
 
 class _Builder:
-    def __init__(self, path: str, module: cst.Module, wrapper: MetadataWrapper) -> None:
+    def __init__(self, path: str, source: str, scan: _Scan) -> None:
         self.path = path
-        self.module = module
-        self.positions = wrapper.resolve(PositionProvider)
+        self.lines = _Lines(source)
+        self.scan = scan
         self.hints: list[Hint] = []
         self.warnings: list[SourceIssue] = []
         self._hint_ids: dict[int, int] = {}
+        self._declared_at: Position | None = None
 
     # -- positions and issues
-    def pos(self, node: cst.CSTNode) -> Position:
-        return Position.of(self.positions[node])
+    def pos(self, node: ast.AST) -> Position:
+        return self.lines.position(node)
 
-    def issue(self, node: cst.CSTNode, kind: str, message: str) -> SourceIssue:
+    def issue(self, node: ast.AST, kind: str, message: str) -> SourceIssue:
         p = self.pos(node)
         return SourceIssue(path=self.path, line=p.line, column=p.column, message=message,
                            kind=kind)
 
-    def fail(self, node: cst.CSTNode, kind: str, message: str) -> SourceError:
+    def fail(self, node: ast.AST, kind: str, message: str) -> SourceError:
         return SourceError(self.issue(node, kind, message))
 
-    def warn(self, node: cst.CSTNode, kind: str, message: str) -> None:
+    def warn(self, node: ast.AST, kind: str, message: str) -> None:
         self.warnings.append(self.issue(node, kind, message))
 
+    def holds_hint(self, stmt: ast.stmt) -> bool:
+        return id(stmt) in self.scan.holding
+
     # -- static cost estimates
-    def iterations(self, loop: cst.For | cst.While, *, required: bool) -> tuple[int, str]:
-        body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
-        first = body[0] if body else None
-        found = _annotation_name(first) if first is not None else None
-        if found and found[0] == "_iterations":
-            ann = found[1].annotation.annotation
-            value = _literal_number(self.module, ann)
+    def iterations(self, loop: ast.For | ast.While, *, required: bool) -> tuple[int, str]:
+        first = loop.body[0] if loop.body else None
+        if first is not None and _annotation_name(first) == "_iterations":
+            assert isinstance(first, ast.AnnAssign)
+            value = _literal_number(first.annotation)
             if value is None or value < 0 or value != math.floor(value):
-                raise self.fail(ann, "bad-iterations",
+                raise self.fail(first.annotation, "bad-iterations",
                                 "_iterations needs a non-negative integer literal (like 1000 or "
                                 "10**6)")
             return int(value), "annotation"
-        if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) \
-                and isinstance(loop.iter.func, cst.Name) and loop.iter.func.value == "range":
-            values = [_literal_number(self.module, arg.value) for arg in loop.iter.args]
-            if values and all(isinstance(v, int) for v in values) and len(values) <= 3 \
-                    and all(arg.keyword is None and arg.star == "" for arg in loop.iter.args):
+        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) \
+                and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "range" \
+                and not loop.iter.keywords and 1 <= len(loop.iter.args) <= 3 \
+                and not any(isinstance(a, ast.Starred) for a in loop.iter.args):
+            values = [_literal_number(arg) for arg in loop.iter.args]
+            if all(isinstance(v, int) for v in values):
                 ints = [int(v) for v in values if v is not None]
                 return len(range(*ints)) if ints[-1] or len(ints) < 3 else 0, "range"
         if required:
@@ -323,47 +454,36 @@ class _Builder:
                   "iteration")
         return 1, "default"
 
-    def estimate(self, node: cst.CSTNode) -> float:
+    def estimate(self, node: ast.stmt) -> float:
         """Seconds for one execution of ``node`` (see the module docstring)."""
-        if isinstance(node, cst.SimpleStatementLine):
-            return STATEMENT_SECONDS * sum(
-                0 if isinstance(s, cst.AnnAssign) and isinstance(s.target, cst.Name)
-                and s.target.value in ("_iterations", "_cost") and s.value is None else 1
-                for s in node.body)
-        if isinstance(node, cst.FunctionDef | cst.ClassDef):
+        kind = type(node)
+        if kind in _SIMPLE:
+            return 0.0 if _annotation_name(node) else STATEMENT_SECONDS
+        if kind in _FUNCTIONS or kind is ast.ClassDef:
             return STATEMENT_SECONDS
-        if isinstance(node, cst.For | cst.While):
-            n, _ = self.iterations(node, required=False)
+        if isinstance(node, ast.For | ast.While | ast.AsyncFor):
+            n, _ = self.iterations(node, required=False) if not isinstance(node, ast.AsyncFor) \
+                else (1, "default")
             return STATEMENT_SECONDS + n * (STATEMENT_SECONDS + self.block_cost(node.body))
-        if isinstance(node, cst.If):
-            other = node.orelse
-            alt = 0.0
-            if isinstance(other, cst.If):
-                alt = self.estimate(other)
-            elif isinstance(other, cst.Else):
-                alt = self.block_cost(other.body)
-            return STATEMENT_SECONDS + max(self.block_cost(node.body), alt)
-        if isinstance(node, cst.Match):
+        if isinstance(node, ast.If):
+            return STATEMENT_SECONDS + max(self.block_cost(node.body),
+                                           self.block_cost(node.orelse))
+        if isinstance(node, ast.Match):
             return STATEMENT_SECONDS + max((self.block_cost(c.body) for c in node.cases),
                                            default=0.0)
-        if isinstance(node, cst.With):
+        if isinstance(node, ast.With | ast.AsyncWith):
             return STATEMENT_SECONDS + self.block_cost(node.body)
-        if isinstance(node, cst.Try | cst.TryStar):
+        if isinstance(node, ast.Try | ast.TryStar):
             handlers = max((self.block_cost(h.body) for h in node.handlers), default=0.0)
-            rest = sum(self.block_cost(part.body) for part in (node.orelse, node.finalbody)
-                       if part is not None)
-            return self.block_cost(node.body) + handlers + rest
+            return (self.block_cost(node.body) + handlers + self.block_cost(node.orelse)
+                    + self.block_cost(node.finalbody))
         return STATEMENT_SECONDS
 
-    def block_cost(self, block: cst.BaseSuite) -> float:
-        if isinstance(block, cst.IndentedBlock):
-            return sum(self.estimate(s) for s in block.body)
-        if isinstance(block, cst.SimpleStatementSuite):
-            return STATEMENT_SECONDS * len(block.body)
-        return 0.0
+    def block_cost(self, block: Sequence[ast.stmt]) -> float:
+        return sum(self.estimate(s) for s in block)
 
     # -- the tree
-    def hint_of(self, stmt: cst.SimpleStatementLine, region: str, loops: tuple[int, ...]) -> Hint:
+    def hint_of(self, stmt: ast.Expr, region: str, loops: tuple[int, ...]) -> Hint:
         key = id(stmt)
         if key not in self._hint_ids:
             self._hint_ids[key] = len(self.hints) + 1
@@ -371,10 +491,27 @@ class _Builder:
                                    region=region, loops=loops, statement=stmt))
         return self.hints[self._hint_ids[key] - 1]
 
-    def seq(self, statements: Sequence[cst.BaseStatement], region: str,
-            loops: tuple[int, ...], enclosing: tuple[cst.CSTNode, ...]) -> Seq:
+    def check_alone(self, stmt: ast.Expr) -> None:
+        call = stmt.value
+        assert isinstance(call, ast.Call)
+        if call.args or call.keywords:
+            raise self.fail(call, "hint-arguments",
+                            "_checkpoint() takes no arguments: parameters go in "
+                            "@checkpoint_params(...) or on the command line")
+        # Alone: nothing before it on its first line, at most a comment after it on its last
+        # (code generation inserts whole lines after a hint).
+        lines = self.lines.lines
+        first = lines[stmt.lineno - 1].encode("utf-8")
+        end_line = stmt.end_lineno or stmt.lineno
+        last = lines[end_line - 1].encode("utf-8")
+        after = last[stmt.end_col_offset or 0:].strip()
+        if first[:stmt.col_offset].strip() or (after and not after.startswith(b"#")):
+            raise self.fail(call, "hint-not-alone", "put _checkpoint() on a line of its own")
+
+    def seq(self, statements: Sequence[ast.stmt], region: str,
+            loops: tuple[int, ...], enclosing: tuple[ast.stmt, ...]) -> Seq:
         items: list[Item] = []
-        pending: list[cst.BaseStatement] = []
+        pending: list[ast.stmt] = []
         declared: float | None = None
 
         def flush() -> None:
@@ -389,6 +526,7 @@ class _Builder:
                     statements=tuple(pending), cost=cost, declared=declared is not None,
                     enclosing=enclosing))
             elif declared is not None:
+                assert self._declared_at is not None
                 items.append(Code(position=self._declared_at, statements=(), cost=declared,
                                   declared=True, enclosing=enclosing))
             pending.clear()
@@ -396,13 +534,14 @@ class _Builder:
 
         for index, stmt in enumerate(statements):
             ann = _annotation_name(stmt)
-            if ann is not None and ann[0] == "_iterations":
+            if ann == "_iterations":
                 if index != 0 or not loops:
                     raise self.fail(stmt, "misplaced-iterations",
                                     "`_iterations: N` must be the first statement of a loop body")
                 continue
-            if ann is not None and ann[0] == "_cost":
-                value = _literal_number(self.module, ann[1].annotation.annotation)
+            if ann == "_cost":
+                assert isinstance(stmt, ast.AnnAssign)
+                value = _literal_number(stmt.annotation)
                 if value is None or value < 0:
                     raise self.fail(stmt, "bad-cost",
                                     "_cost needs a non-negative number of seconds (like 0.25)")
@@ -413,26 +552,14 @@ class _Builder:
                 declared = float(value)
                 self._declared_at = self.pos(stmt)
                 continue
-            if isinstance(stmt, cst.SimpleStatementLine):
-                hint_calls = [s for s in stmt.body if isinstance(s, cst.Expr)
-                              and _is_hint_call(s.value)]
-                if hint_calls:
-                    call = hint_calls[0].value
-                    assert isinstance(call, cst.Call)
-                    if call.args:
-                        raise self.fail(call, "hint-arguments",
-                                        "_checkpoint() takes no arguments: parameters go in "
-                                        "@checkpoint_params(...) or on the command line")
-                    if len(stmt.body) != 1:
-                        raise self.fail(call, "hint-not-alone",
-                                        "put _checkpoint() on a line of its own")
-                    flush()
-                    items.append(HintSite(hint=self.hint_of(stmt, region, loops),
-                                          enclosing=enclosing))
-                    continue
-                pending.append(stmt)
+            if id(stmt) in self.scan.hint_statements:
+                assert isinstance(stmt, ast.Expr)
+                self.check_alone(stmt)
+                flush()
+                items.append(HintSite(hint=self.hint_of(stmt, region, loops),
+                                      enclosing=enclosing))
                 continue
-            if isinstance(stmt, cst.FunctionDef | cst.ClassDef) or not _holds_hint(stmt):
+            if not self.holds_hint(stmt):
                 pending.append(stmt)
                 continue
             flush()
@@ -440,240 +567,162 @@ class _Builder:
         flush()
         return Seq(items=tuple(items))
 
-    def body_of(self, block: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-        if isinstance(block, cst.IndentedBlock):
-            return block.body
-        if isinstance(block, cst.SimpleStatementSuite):
-            return (cst.SimpleStatementLine(body=block.body),) if block.body else ()
-        return ()
-
-    def structured(self, stmt: cst.BaseStatement, region: str, loops: tuple[int, ...],
-                   enclosing: tuple[cst.CSTNode, ...]) -> list[Item]:
-        if isinstance(stmt, cst.For | cst.While):
-            if stmt.orelse is not None and _holds_hint(stmt.orelse):
-                raise self.fail(stmt.orelse, "unsupported-hint",
+    def structured(self, stmt: ast.stmt, region: str, loops: tuple[int, ...],
+                   enclosing: tuple[ast.stmt, ...]) -> list[Item]:
+        if isinstance(stmt, ast.AsyncFor | ast.AsyncWith):
+            word = "for" if isinstance(stmt, ast.AsyncFor) else "with"
+            raise self.fail(stmt, "async-hint", f"hints inside `async {word}` are not supported")
+        if isinstance(stmt, ast.For | ast.While):
+            if stmt.orelse and any(self.holds_hint(s) or id(s) in self.scan.hint_statements
+                                   for s in stmt.orelse):
+                raise self.fail(stmt.orelse[0], "unsupported-hint",
                                 "hints in a loop's else clause are not supported: move the hint "
                                 "after the loop")
-            if isinstance(stmt, cst.For) and stmt.asynchronous is not None:
-                raise self.fail(stmt, "async-hint", "hints inside `async for` are not supported")
             count, source = self.iterations(stmt, required=True)
-            line = self.pos(stmt).line
-            body = self.seq(self.body_of(stmt.body), region, (*loops, line), ())
+            body = self.seq(stmt.body, region, (*loops, stmt.lineno), ())
             return [Loop(position=self.pos(stmt), node=stmt, iterations=count,
                          iterations_from=source, header_cost=STATEMENT_SECONDS, body=body,
                          enclosing=enclosing)]
-        if isinstance(stmt, cst.If):
+        if isinstance(stmt, ast.If):
             arms: list[Seq] = []
-            node: cst.If | cst.Else | None = stmt
-            while isinstance(node, cst.If):
-                arms.append(self.seq(self.body_of(node.body), region, loops, ()))
-                node = node.orelse if isinstance(node.orelse, cst.If | cst.Else) else None
-            arms.append(self.seq(self.body_of(node.body), region, loops, ())
-                        if isinstance(node, cst.Else) else Seq(items=()))
+            node: ast.If | None = stmt
+            orelse: list[ast.stmt] = []
+            while node is not None:
+                arms.append(self.seq(node.body, region, loops, ()))
+                orelse = node.orelse
+                node = orelse[0] if len(orelse) == 1 and isinstance(orelse[0], ast.If) \
+                    and self._is_elif(orelse[0]) else None
+            arms.append(self.seq(orelse, region, loops, ()) if orelse else Seq(items=()))
             return [Branch(position=self.pos(stmt), node=stmt, arms=tuple(arms),
                            test_cost=STATEMENT_SECONDS, enclosing=enclosing)]
-        if isinstance(stmt, cst.Match):
-            arms = [self.seq(self.body_of(case.body), region, loops, ()) for case in stmt.cases]
-            if not any(isinstance(c.pattern, cst.MatchAs) and c.pattern.pattern is None
+        if isinstance(stmt, ast.Match):
+            arms = []
+            for case in stmt.cases:
+                arms.append(self.seq(case.body, region, loops, ()))
+            if not any(isinstance(c.pattern, ast.MatchAs) and c.pattern.pattern is None
                        and c.guard is None for c in stmt.cases):
                 arms.append(Seq(items=()))
             return [Branch(position=self.pos(stmt), node=stmt, arms=tuple(arms),
                            test_cost=STATEMENT_SECONDS, enclosing=enclosing)]
-        if isinstance(stmt, cst.With):
-            if stmt.asynchronous is not None:
-                raise self.fail(stmt, "async-hint", "hints inside `async with` are not supported")
+        if isinstance(stmt, ast.With):
             entry = Code(position=self.pos(stmt), statements=(), cost=STATEMENT_SECONDS,
                          declared=False, enclosing=enclosing)
-            inner = self.seq(self.body_of(stmt.body), region, loops, (*enclosing, stmt))
+            inner = self.seq(stmt.body, region, loops, (*enclosing, stmt))
             return [entry, *inner.items]
-        if isinstance(stmt, cst.Try | cst.TryStar):
-            for part in (*stmt.handlers, stmt.orelse, stmt.finalbody):
-                if part is not None and _holds_hint(part):
-                    raise self.fail(part, "unsupported-hint",
+        if isinstance(stmt, ast.Try | ast.TryStar):
+            for part in (*(h.body for h in stmt.handlers), stmt.orelse, stmt.finalbody):
+                if any(self.holds_hint(s) or id(s) in self.scan.hint_statements for s in part):
+                    raise self.fail(part[0], "unsupported-hint",
                                     "hints in except/else/finally clauses are not supported: "
                                     "keep hints in the try body or outside the try")
-            return list(self.seq(self.body_of(stmt.body), region, loops,
-                                 (*enclosing, stmt)).items)
+            return list(self.seq(stmt.body, region, loops, (*enclosing, stmt)).items)
         raise self.fail(stmt, "unsupported-hint",
                         f"hints inside `{type(stmt).__name__}` statements are not supported")
 
-
-class _Checks(cst.CSTVisitor):
-    """File-wide checks: hints outside statements, in comprehensions, lambdas, generators…"""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, builder: _Builder) -> None:
-        self.b = builder
-        self.stack: list[cst.CSTNode] = []
-        self.problem: SourceError | None = None
-        self.statement_hints: set[int] = set()
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.problem is not None:
-            return False
-        if isinstance(node, cst.SimpleStatementLine):
-            for small in node.body:
-                if isinstance(small, cst.Expr) and _is_hint_call(small.value):
-                    self.statement_hints.add(id(small.value))
-        if isinstance(node, cst.Call) and _is_hint_call(node):
-            self.check_hint(node)
-        self.stack.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if self.stack and self.stack[-1] is original_node:
-            self.stack.pop()
-
-    def check_hint(self, call: cst.Call) -> None:
-        for outer in reversed(self.stack):
-            if isinstance(outer, cst.ListComp | cst.SetComp | cst.DictComp | cst.GeneratorExp):
-                self.problem = self.b.fail(call, "hint-in-comprehension",
-                                           "_checkpoint() inside a comprehension cannot be a "
-                                           "checkpoint: write the loop as a for statement")
-                return
-            if isinstance(outer, cst.Lambda):
-                self.problem = self.b.fail(call, "hint-in-lambda",
-                                           "_checkpoint() inside a lambda cannot be a "
-                                           "checkpoint: use a def")
-                return
-            if isinstance(outer, cst.FunctionDef):
-                break
-        if id(call) not in self.statement_hints:
-            self.problem = self.b.fail(call, "hint-in-expression",
-                                       "_checkpoint() must be a statement of its own, not part "
-                                       "of an expression")
+    def _is_elif(self, node: ast.If) -> bool:
+        return is_elif(self.lines.lines, node)
 
 
-class _FunctionFacts(cst.CSTVisitor):
-    """Does a function body yield, await, or call exec/eval/locals/vars (not in nested defs)?"""
-
-    def __init__(self) -> None:
-        self.yields: cst.CSTNode | None = None
-        self.unsound: tuple[cst.CSTNode, str] | None = None
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.depth += 1
-        return self.depth == 1
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.depth -= 1
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
-
-    def visit_Yield(self, node: cst.Yield) -> None:
-        if self.yields is None:
-            self.yields = node
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = _name_of_call(node)
-        if isinstance(node.func, cst.Name) and name in _UNSOUND_CALLS and self.unsound is None:
-            if name == "vars" and node.args:
-                return
-            self.unsound = (node, _UNSOUND_CALLS[name])
+def is_elif(lines: Sequence[str], node: ast.If) -> bool:
+    """``elif`` and ``else:`` + a nested ``if`` give the same ``ast``; the source tells them apart
+    (an ``elif`` arm's ``If`` starts at the word ``elif``)."""
+    line = lines[node.lineno - 1] if node.lineno <= len(lines) else ""
+    return line.encode("utf-8")[node.col_offset:node.col_offset + 4] == b"elif"
 
 
-def _module_facts(module: cst.Module) -> _FunctionFacts:
-    facts = _FunctionFacts()
-    facts.depth = 1  # the module level behaves like a function body that nested defs leave
-    for stmt in module.body:
-        if not isinstance(stmt, cst.FunctionDef | cst.ClassDef):
-            stmt.visit(facts)
-    return facts
-
-
-def _params(builder: _Builder, calls: Sequence[cst.Call]) -> RegionParams:
+def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:
     values: dict[str, float] = {}
     for call in calls:
-        for arg in call.args:
-            key = arg.keyword.value if arg.keyword is not None else None
-            if key not in _PARAM_KEYS:
-                raise builder.fail(arg, "bad-params",
+        if call.args:
+            raise builder.fail(call.args[0], "bad-params",
+                               f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
+        for kw in call.keywords:
+            if kw.arg not in _PARAM_KEYS:
+                raise builder.fail(kw, "bad-params",
                                    f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
-            assert key is not None
-            value = _literal_number(builder.module, arg.value)
+            value = _literal_number(kw.value)
             if value is None:
-                raise builder.fail(arg.value, "bad-params",
-                                   f"checkpoint_params({key}=...) needs a number literal")
-            values[key] = float(value)
+                raise builder.fail(kw.value, "bad-params",
+                                   f"checkpoint_params({kw.arg}=...) needs a number literal")
+            values[kw.arg] = float(value)
     return RegionParams(**values)
 
 
-def _params_call(expr: cst.BaseExpression) -> cst.Call | None:
-    if isinstance(expr, cst.Call) and _name_of_call(expr) == PARAMS_NAME:
+def _params_call(expr: ast.expr) -> ast.Call | None:
+    if isinstance(expr, ast.Call) and _call_name(expr) == PARAMS_NAME:
         return expr
     return None
 
 
-def _functions(module: cst.Module) -> Iterator[tuple[str, cst.FunctionDef]]:
-    def walk(body: Sequence[cst.CSTNode], prefix: str) -> Iterator[tuple[str, cst.FunctionDef]]:
+def _functions(module: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    def walk(body: Sequence[ast.stmt], prefix: str
+             ) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
         for stmt in body:
             for node in _compound_children(stmt):
-                if isinstance(node, cst.FunctionDef):
-                    name = f"{prefix}{node.name.value}"
+                if isinstance(node, _FUNCTIONS):
+                    name = f"{prefix}{node.name}"
                     yield name, node
-                    yield from walk(_statements(node.body), f"{name}.")
-                elif isinstance(node, cst.ClassDef):
-                    yield from walk(_statements(node.body), f"{prefix}{node.name.value}.")
+                    yield from walk(node.body, f"{name}.")
+                elif isinstance(node, ast.ClassDef):
+                    yield from walk(node.body, f"{prefix}{node.name}.")
 
     yield from walk(module.body, "")
 
 
-def _statements(block: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-    return block.body if isinstance(block, cst.IndentedBlock) else ()
-
-
-def _compound_children(stmt: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def _compound_children(stmt: ast.stmt) -> Iterator[ast.stmt]:
     """The statement itself, and statements nested in its blocks (not inside defs)."""
     yield stmt
-    if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+    if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)) or type(stmt) in _SIMPLE:
         return
-    for child in stmt.children:
-        if isinstance(child, cst.IndentedBlock):
-            for inner in child.body:
-                yield from _compound_children(inner)
-        elif isinstance(child, cst.BaseSuite | cst.If | cst.Else | cst.ExceptHandler
-                        | cst.ExceptStarHandler | cst.Finally | cst.MatchCase):
-            yield from _compound_children(child)
+    for _name, value in ast.iter_fields(stmt):
+        if isinstance(value, list):
+            for v in value:
+                if isinstance(v, ast.stmt):
+                    yield from _compound_children(v)
+                elif isinstance(v, ast.ExceptHandler | ast.match_case):
+                    for inner in v.body:
+                        yield from _compound_children(inner)
 
 
-def build_task_tree(source: str, path: str) -> TaskTree:
-    """Parse ``source`` and build its task tree; raises :class:`SourceError` for bad input."""
+def _defaults(args: ast.arguments) -> list[ast.expr]:
+    return [*args.defaults, *(d for d in args.kw_defaults if d is not None)]
+
+
+def _syntax_issue(path: str, exc: SyntaxError) -> SourceIssue:
+    return SourceIssue(path=path, line=exc.lineno or 1, column=max(exc.offset or 1, 1),
+                       message=f"syntax error: {exc.msg}", kind="syntax")
+
+
+def parse_source(source: str, path: str) -> ast.Module:
+    """CPython's parser: the exact position and wording of a syntax error."""
     try:
-        # CPython's own parser gives the exact position and wording of a syntax error.
-        ast.parse(source, filename=path)
+        return ast.parse(source, filename=path)
     except SyntaxError as exc:
-        raise SourceError(SourceIssue(path=path, line=exc.lineno or 1,
-                                      column=max(exc.offset or 1, 1),
-                                      message=f"syntax error: {exc.msg}",
-                                      kind="syntax")) from None
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise SourceError(SourceIssue(path=path, line=exc.raw_line, column=exc.raw_column + 1,
-                                      message=f"syntax error: {exc.message}",
-                                      kind="syntax")) from None
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    builder = _Builder(path, module, wrapper)
-    checks = _Checks(builder)
-    wrapper.visit(checks)
-    if checks.problem is not None:
-        raise checks.problem
+        raise SourceError(_syntax_issue(path, exc)) from None
+    except ValueError as exc:  # null bytes
+        raise SourceError(SourceIssue(path=path, line=1, column=1,
+                                      message=f"syntax error: {exc}", kind="syntax")) from None
+
+
+def build_task_tree(source: str, path: str, module: ast.Module | None = None) -> TaskTree:
+    """Parse ``source`` and build its task tree; raises :class:`SourceError` for bad input."""
+    if module is None:
+        module = parse_source(source, path)
+    scan = _Scan()
+    scan.run(module)
+    builder = _Builder(path, source, scan)
+    if scan.problem is not None:
+        node, kind, message = scan.problem
+        raise builder.fail(node, kind, message)
 
     regions: list[Region] = []
     for name, func in _functions(module):
-        if not any(_holds_hint(s) for s in _statements(func.body)):
+        if not any(builder.holds_hint(s) or id(s) in scan.hint_statements for s in func.body):
             continue
-        facts = _FunctionFacts()
-        func.visit(facts)
-        if func.asynchronous is not None:
+        if isinstance(func, ast.AsyncFunctionDef):
             raise builder.fail(func, "hint-in-async",
                                f"{name} is async: hints in async functions are not supported")
+        facts = scan.facts.get(id(func), _ScopeFacts())
         if facts.yields is not None:
             raise builder.fail(facts.yields, "hint-in-generator",
                                f"{name} is a generator (it yields): a checkpoint cannot resume "
@@ -683,22 +732,21 @@ def build_task_tree(source: str, path: str) -> TaskTree:
             raise builder.fail(node, "unsound-call",
                                f"{why}, so liveness cannot be sound in {name}, which holds "
                                "hints")
-        calls = [c for d in func.decorators if (c := _params_call(d.decorator)) is not None]
+        calls = [c for d in func.decorator_list if (c := _params_call(d)) is not None]
         regions.append(Region(name=name, position=builder.pos(func), node=func,
-                              body=builder.seq(_statements(func.body), name, (), ()),
+                              body=builder.seq(func.body, name, (), ()),
                               params=_params(builder, calls)))
 
-    top = [s for s in module.body]
-    if any(not isinstance(s, cst.FunctionDef | cst.ClassDef) and _holds_hint(s) for s in top):
-        facts = _module_facts(module)
+    top = module.body
+    if any(builder.holds_hint(s) or id(s) in scan.hint_statements for s in top):
+        facts = scan.facts[0]
         if facts.unsound is not None:
             node, why = facts.unsound
             raise builder.fail(node, "unsound-call",
                                f"{why}, so liveness cannot be sound at module level, which "
                                "holds hints")
-        calls = [c for s in top if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
-                 and isinstance(s.body[0], cst.Expr)
-                 and (c := _params_call(s.body[0].value)) is not None]
+        calls = [c for s in top if isinstance(s, ast.Expr)
+                 and (c := _params_call(s.value)) is not None]
         regions.insert(0, Region(name="<module>", position=Position(line=1, column=1,
                                                                      end_line=1, end_column=1),
                                  node=module, body=builder.seq(top, "<module>", (), ()),
@@ -708,8 +756,8 @@ def build_task_tree(source: str, path: str) -> TaskTree:
     if any(old != new for old, new in renumber.items()):
         regions = [_renumber_region(r, renumber) for r in regions]
         hints = tuple(_renumber_hint(h, renumber) for h in hints)
-    return TaskTree(path=path, module=module, regions=tuple(regions), hints=hints,
-                    warnings=tuple(builder.warnings))
+    return TaskTree(path=path, source=source, module=module, regions=tuple(regions),
+                    hints=hints, warnings=tuple(builder.warnings))
 
 
 def _renumber_hint(hint: Hint, renumber: dict[int, int]) -> Hint:

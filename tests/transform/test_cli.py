@@ -65,11 +65,84 @@ def test_explain_text_and_cli_overrides(tmp_path: Path) -> None:
     assert json.loads(cost.stdout)["budget"] is None
 
 
-def test_unbuilt_modes_say_so_after_checking_input(tmp_path: Path) -> None:
+def test_write_modes(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(PROGRAM)
     out = run("train.py", "-o", "out.py", cwd=tmp_path)
-    assert out.returncode == 2 and "not built yet" in out.stderr
-    assert not (tmp_path / "out.py").exists()
+    assert out.returncode == 0, out.stderr
+    written = (tmp_path / "out.py").read_text()
+    assert "import transform.runtime as _ecrl_runtime" in written
+    assert written != PROGRAM
+    stdout = run("train.py", cwd=tmp_path)
+    assert stdout.returncode == 0 and stdout.stdout == written
+    diff = run("train.py", "--diff", cwd=tmp_path)
+    assert diff.returncode == 0 and diff.stdout.startswith("--- train.py\n+++ train.py")
+    assert "+_ECRL = _ecrl_runtime.Program(" in diff.stdout
+    assert run("train.py", "--check", "-o", "out.py", cwd=tmp_path).returncode == 0
+    (tmp_path / "out.py").write_text(written + "# edited\n")
+    stale = run("train.py", "--check", "-o", "out.py", cwd=tmp_path)
+    assert stale.returncode == 1 and "out.py would change" in stale.stderr
+    assert (tmp_path / "out.py").read_text().endswith("# edited\n")  # --check writes nothing
+    assert run("train.py", "--check", cwd=tmp_path).returncode == 1
+    assert run("train.py", "--in-place", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "train.py").read_text() == written
+    # A transformed program is transformed from its original: idempotent, and --check agrees.
+    assert run("train.py", "--in-place", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "train.py").read_text() == written
+    assert run("train.py", "--check", cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text(written + "print(_ecrl.run)\n")
+    edited = run("train.py", "-o", "twice.py", cwd=tmp_path)
+    assert edited.returncode == 2 and "generated code was edited" in edited.stderr
+    assert not (tmp_path / "twice.py").exists()
+
+
+def test_ckpt_dir_is_written_into_the_program(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--ckpt-dir", "state/here", "--all-hints", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "'ckpt_dir': 'state/here'" in out.stdout
+    assert "'kind': 'always', 'total': 200, 'count': 200" in out.stdout
+
+
+def test_a_file_without_hints_is_left_unchanged(tmp_path: Path) -> None:
+    plain = "x = 1\nprint(x)\n"
+    (tmp_path / "plain.py").write_text(plain)
+    out = run("plain.py", "--in-place", cwd=tmp_path)
+    assert out.returncode == 0
+    note = "ecrl-transform: plain.py has no _checkpoint() hints: nothing to do"
+    assert out.stderr.strip() == note
+    assert (tmp_path / "plain.py").read_text() == plain
+    assert run("plain.py", "--check", cwd=tmp_path).returncode == 0
+    assert run("plain.py", "-o", "copy.py", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "copy.py").read_text() == plain
+
+
+def test_check_refuses_other_modes(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    out = run("train.py", "--check", "--diff", cwd=tmp_path)
+    assert out.returncode == 2 and "--check goes alone or with -o" in out.stderr
+
+
+CODEGEN_BAD = {
+    "unsaveable": ("from transform import _checkpoint\ndef f(path):\n    log = open(path)\n"
+                   "    for i in range(3):\n        _checkpoint()\n        log.read()\n",
+                   "`log` holds an open file", 3),
+    "two-levels": ("from transform import _checkpoint\ndef f():\n    for i in range(3):\n"
+                   "        _checkpoint()\nfor j in range(3):\n    f()\n    _checkpoint()\n",
+                   "both at the module's top level and in f()", 4),
+    "reserved": ("from transform import _checkpoint\n_ecrl = 1\nfor i in range(3):\n"
+                 "    _checkpoint()\n", "`_ecrl` is a name generated code uses", 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CODEGEN_BAD))
+def test_generation_refuses_what_it_cannot_resume(tmp_path: Path, case: str) -> None:
+    source, words, line = CODEGEN_BAD[case]
+    (tmp_path / "bad.py").write_text(source)
+    out = run("bad.py", "--all-hints", "-o", "out.py", cwd=tmp_path)
+    assert out.returncode == 2
+    first = out.stderr.splitlines()[0]
+    assert first.startswith(f"bad.py:{line}:") and words in first, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "out.py").exists()
 
 
 BAD = {
@@ -90,6 +163,12 @@ BAD = {
                            "statement of its own", 2),
     "bad-iterations": ("from transform import _checkpoint\nfor i in xs:\n    _iterations: n\n"
                        "    _checkpoint()\n", "integer literal", 3),
+    "hint-not-alone": ("from transform import _checkpoint\nx = 1; _checkpoint()\n",
+                       "line of its own", 2),
+    "hint-after-colon": ("from transform import _checkpoint\nfor i in range(3): _checkpoint()\n",
+                         "line of its own", 2),
+    "hint-in-class": ("from transform import _checkpoint\nclass C:\n    _checkpoint()\n",
+                      "class body", 3),
 }
 
 
@@ -104,6 +183,15 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
         assert first.startswith(f"bad.py:{line}:") and words in first, out.stderr
         assert "Traceback" not in out.stderr
         assert out.stdout == "" and not (tmp_path / "out.py").exists()
+
+
+def test_columns_count_characters_not_bytes() -> None:
+    from transform.analysis import AnalysisFailure, analyze
+
+    result = analyze("from transform import _checkpoint\nname = 'é'; _checkpoint()\n", "u.py")
+    assert isinstance(result, AnalysisFailure)
+    # "name = 'é'; " is 12 characters (13 bytes): the call starts in column 13.
+    assert (result.issue.line, result.issue.column) == (2, 13)
 
 
 def test_missing_file_and_bad_parameters(tmp_path: Path) -> None:

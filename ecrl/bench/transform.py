@@ -1,0 +1,220 @@
+"""``ecrl bench transform``: the torch fixture transformed, against the original, in one run.
+
+* Steady-state seconds per training step of the original, of the program written with the
+  scheduled hints (the fixture's ``checkpoint_params``), and of the one where every hint is a
+  checkpoint (``--all-hints``). Each program runs as its own process (timed from the end of its
+  imports, see :mod:`transform._drive`) with two epoch counts; the per-step time is the
+  difference divided by the difference in steps, so start-up and set-up cancel. Programs are
+  interleaved within each repeat and the fastest run of each point counts.
+* Bytes written per checkpoint (the resume state, killed right after a save) against
+  ``torch.save`` of the same live objects, taken by a hook at the same hint execution of the
+  original program.
+
+Target: with the scheduled hints the program's time per step is within the allowance ``o`` it
+was given (``1 + o`` times the original's).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "programs" / "torch-train"
+STEPS_PER_EPOCH = 32
+
+_SIZE_HOOK = """
+import io, runpy, sys, torch, transform
+src, names, at = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+seen = 0
+def record():
+    global seen
+    seen += 1
+    if seen == at:
+        scope = sys._getframe(2).f_locals
+        buf = io.BytesIO()
+        torch.save({n: scope[n] for n in names if n in scope}, buf)
+        print("SIZE", len(buf.getvalue()), file=sys.stderr)
+transform._recorder = record
+sys.argv = [src]
+runpy.run_path(src, run_name="__main__")
+"""
+
+
+_SAVE_TIMER = """
+import runpy, statistics, sys, time
+import transform.runtime as runtime
+save, seconds = runtime.Activation._save, []
+def timed(self, *args):
+    start = time.perf_counter()
+    save(self, *args)
+    seconds.append(time.perf_counter() - start)
+runtime.Activation._save = timed
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("SAVES", len(seconds), statistics.median(seconds), file=sys.stderr)
+"""
+
+
+def _variant(root: Path, epochs: int) -> Path:
+    """The fixture with another epoch count (and the matching ``_iterations``)."""
+    source = (FIXTURE / "input.py").read_text()
+    source = source.replace("_iterations: 5\n", f"_iterations: {epochs}\n")
+    source = source.replace("epochs=5)", f"epochs={epochs})")
+    path = root / f"original_{epochs}.py"
+    path.write_text(source)
+    return path
+
+
+def _transform(src: Path, out: Path, *args: str) -> Path:
+    from transform.cli import main as transform_main
+
+    if transform_main([str(src), "-o", str(out), *args]) != 0:
+        raise RuntimeError(f"ecrl-transform failed on {src}")
+    return out
+
+
+def _env(ckpt: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["ECRL_CKPT_DIR"] = str(ckpt)
+    env.pop("ECRL_TRANSFORM_KILL_AT", None)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+def _work_seconds(program: Path, ckpt: Path) -> float:
+    from transform._drive import DrivenRun
+
+    run = DrivenRun(program, program.parent, _env(ckpt))
+    run.wait_ready(300)
+    _, _, seconds = run.finish(600)
+    if run.proc.returncode != 0:
+        raise RuntimeError(f"{program.name} failed:\n{run.stderr}")
+    return seconds
+
+
+def _checkpoint_count(program: Path) -> int:
+    """How many saves the written program plans (the ``count`` of its slots' rules)."""
+    for node in ast.parse(program.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and len(node.value.args) == 2:
+            plan = ast.literal_eval(node.value.args[1])
+            return sum(int(rule["count"]) for rule in plan["slots"].values())
+    return 0
+
+
+def _live_names(src: Path) -> list[str]:
+    from transform.analysis import AnalysisSuccess, analyze
+
+    result = analyze(src.read_text(), str(src))
+    assert isinstance(result, AnalysisSuccess)
+    return list(result.live[result.hints[0].id].save)
+
+
+def run(*, quick: bool, progress: Progress) -> BenchResult:
+    epochs = (1, 3) if quick else (2, 6)
+    repeats = 1 if quick else 4
+    rows: list[BenchRow] = []
+    targets: list[Target] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        programs: dict[str, dict[int, Path]] = {"original": {}, "scheduled": {}, "every hint": {}}
+        for e in epochs:
+            src = _variant(root, e)
+            programs["original"][e] = src
+            programs["scheduled"][e] = _transform(src, root / f"scheduled_{e}.py")
+            programs["every hint"][e] = _transform(src, root / f"all_{e}.py", "--all-hints")
+        # Interleaved (load drift hits every program alike) and the minimum of the repeats:
+        # on a shared machine interference only ever adds time.
+        times: dict[str, dict[int, list[float]]] = {n: {e: [] for e in epochs}
+                                                    for n in programs}
+        for r in range(repeats):
+            for name, by_epochs in programs.items():
+                for e in epochs:
+                    progress(f"{name}: {e} epoch(s), run {r + 1}/{repeats}")
+                    times[name][e].append(_work_seconds(by_epochs[e], root / "ckpt"))
+        per_step = {name: (min(t[epochs[1]]) - min(t[epochs[0]]))
+                    / ((epochs[1] - epochs[0]) * STEPS_PER_EPOCH) for name, t in times.items()}
+        overhead = _allowance(programs["original"][epochs[1]])
+        for name in ("scheduled", "every hint"):
+            rows.append(BenchRow(
+                candidate=f"transformed, {name}", alternative="original program",
+                metric="seconds per training step, steady state (lower is better)",
+                candidate_value=per_step[name], alternative_value=per_step["original"]))
+        saves = _checkpoint_count(programs["scheduled"][epochs[1]])
+        progress("seconds per save, timed inside the every-hint program")
+        timed = subprocess.run([sys.executable, "-c", _SAVE_TIMER,
+                                str(programs["every hint"][epochs[1]])], cwd=root,
+                               env=_env(root / "timed"), capture_output=True, text=True,
+                               check=True)
+        count, median = re.findall(r"SAVES (\d+) (\S+)", timed.stderr)[-1]
+        rows.append(BenchRow(
+            candidate="one checkpoint (measured)", alternative="assumed by the schedule",
+            metric="seconds per checkpoint", candidate_value=float(median),
+            alternative_value=_assumed_cost(programs["original"][epochs[1]]),
+            note=f"median of the {count} saves of the every-hint program (serialize, fsync, "
+                 "rename, directory fsync), timed inside it"))
+        steps = epochs[1] * STEPS_PER_EPOCH
+        rows.append(BenchRow(
+            candidate="scheduled: planned saves × measured save",
+            alternative="allowance: o × the original's run time",
+            metric=f"seconds of checkpointing per run of {steps} steps (lower is better)",
+            candidate_value=saves * float(median),
+            alternative_value=overhead * steps * per_step["original"],
+            note="the same question as the target, without the noise of timing whole runs"))
+        ratio = per_step["scheduled"] / per_step["original"]
+        targets.append(Target(
+            description=f"scheduled hints run within the allowance o = {overhead:g} "
+                        f"(≤ {1 + overhead:.2f}× the original per step; {saves} checkpoints "
+                        f"in {epochs[1] * STEPS_PER_EPOCH} steps)",
+            measured=f"{ratio:.3f}×", met=ratio <= 1 + overhead))
+
+        progress("bytes per checkpoint")
+        src = programs["original"][epochs[1]]
+        at = STEPS_PER_EPOCH + 3
+        names = _live_names(src)
+        hook = subprocess.run([sys.executable, "-c", _SIZE_HOOK, str(src), ",".join(names),
+                               str(at)], cwd=root, env=_env(root / "unused"),
+                              capture_output=True, text=True, check=True)
+        torch_bytes = int(re.findall(r"SIZE (\d+)", hook.stderr)[-1])
+        ckpt = root / "size"
+        killed = subprocess.run([sys.executable, str(programs["every hint"][epochs[1]])],
+                                cwd=root, env={**_env(ckpt), "ECRL_TRANSFORM_KILL_AT": str(at)},
+                                capture_output=True, check=False)
+        if killed.returncode != -9:
+            raise RuntimeError("the every-hint program was not killed at the chosen save")
+        ours = (ckpt / "resume.ckpt").stat().st_size
+        rows.append(BenchRow(
+            candidate="ecrl-transform resume state", alternative="torch.save of the live objects",
+            metric=f"bytes per checkpoint (live: {', '.join(names)})", candidate_value=ours,
+            alternative_value=torch_bytes,
+            note="ours adds random states, loop positions and a header"))
+    return BenchResult(
+        name="transform", command=command_line(), rows=rows, targets=targets,
+        notes=[f"fixture fixtures/programs/torch-train, epochs {epochs[0]} and {epochs[1]} "
+               f"({STEPS_PER_EPOCH} steps each), fastest of {repeats} interleaved run(s) per "
+               "point",
+               "each step sleeps 15 ms for the work of a bigger model; times are from the end "
+               "of imports (transform._drive)"])
+
+
+def _params(src: Path) -> dict[str, float]:
+    for node in ast.walk(ast.parse(src.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "checkpoint_params":
+            return {k.arg: float(ast.literal_eval(k.value)) for k in node.keywords if k.arg}
+    return {}
+
+
+def _allowance(src: Path) -> float:
+    return _params(src).get("overhead", 0.05)
+
+
+def _assumed_cost(src: Path) -> float:
+    return _params(src).get("ckpt_cost", 10.0)

@@ -1,0 +1,186 @@
+"""transform.runtime in real processes: what it saves, restores in place, refuses, and removes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import killresume as kr
+import pytest
+
+from transform.cli import main as transform_main
+
+
+def prepare(tmp_path: Path, source: str, *args: str) -> tuple[Path, Path, dict[str, str]]:
+    original = tmp_path / "original.py"
+    original.write_text(textwrap.dedent(source))
+    program = tmp_path / "train.py"
+    assert transform_main([str(original), "-o", str(program), *args]) == 0
+    return original, program, kr.environment(tmp_path / "ckpt")
+
+
+def original_output(original: Path, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, str(original)], cwd=original.parent, env=env,
+                          capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def resume_after(program: Path, env: dict[str, str], kill_at: str) -> str:
+    killed = kr.inject(program, kill_at, cwd=program.parent, env=env)
+    assert killed.returncode == -9, killed.stderr
+    done = kr.finish(program, cwd=program.parent, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_runtime_imports_nothing_heavy() -> None:
+    code = ("import sys, transform.runtime; print(sorted(m for m in ('torch', 'numpy', 'libcst',"
+            " 'networkx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+ANCHORS = """
+from transform import _checkpoint
+
+class Box:
+    def __init__(self):
+        self.value = 0
+        self.seen = []
+
+stats = {"calls": 0}
+history = []
+
+def train(box, history, steps):
+    alias = history
+    for step in range(steps):
+        _iterations: 40
+        box.value += step
+        box.seen.append(step % 3)
+        alias.append(box.value % 7)
+        stats["calls"] += 1
+        _checkpoint()
+    return alias is history
+
+box = Box()
+same = train(box, history, 40)
+print(box.value, box.seen[-5:], history[-5:], stats, same)
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["3", "20:before-rename"])
+def test_objects_the_caller_rebuilds_are_restored_in_place(tmp_path: Path,
+                                                           kill_at: str) -> None:
+    original, program, env = prepare(tmp_path, ANCHORS, "--all-hints")
+    expected = original_output(original, env)
+    assert expected.strip().endswith("True")
+    assert resume_after(program, env, kill_at) == expected
+
+
+SHUFFLED = """
+import random
+from transform import _checkpoint
+
+class Shuffled:
+    # Draws its order when iterated, like a shuffling data loader.
+    def __init__(self, n):
+        self.n = n
+    def __iter__(self):
+        order = list(range(self.n))
+        random.shuffle(order)
+        return iter(order)
+
+random.seed(5)
+data = Shuffled(30)
+total = []
+for epoch in range(3):
+    for item in data:
+        _iterations: 30
+        total.append((epoch, item, random.randint(0, 9)))
+        _checkpoint()
+print(total[-6:], len(total), random.random())
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["4", "45", "77"])
+def test_other_iterables_are_fast_forwarded_from_their_random_state(tmp_path: Path,
+                                                                     kill_at: str) -> None:
+    original, program, env = prepare(tmp_path, SHUFFLED, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)
+
+
+UNSAVEABLE = """
+from transform import _checkpoint
+
+def numbers():
+    yield from range(100)
+
+def run():
+    it = numbers()
+    total = 0
+    for i in range(5):
+        total += next(it)
+        _checkpoint()
+    return total
+
+print(run())
+"""
+
+
+def test_an_unsaveable_value_is_named_at_the_first_save(tmp_path: Path) -> None:
+    _, program, env = prepare(tmp_path, UNSAVEABLE, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert "train.py:12: cannot save `it` (a generator)" in line, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
+
+
+COUNTER = """
+import sys
+from transform import _checkpoint
+
+total = 0
+for i in range(20):
+    total += i
+    _checkpoint()
+print(total)
+if len(sys.argv) > 1:
+    sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_resume_state_is_removed_only_on_normal_completion(tmp_path: Path) -> None:
+    _, program, env = prepare(tmp_path, COUNTER, "--all-hints")
+    state = tmp_path / "ckpt" / "resume.ckpt"
+    for status, kept in (("3", True), ("0", False)):
+        done = subprocess.run([sys.executable, str(program), status], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == int(status)
+        assert state.exists() == kept
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_damaged_or_foreign_state_is_never_loaded(tmp_path: Path) -> None:
+    _, program, env = prepare(tmp_path, COUNTER, "--all-hints")
+    killed = kr.inject(program, "5", cwd=tmp_path, env=env)
+    assert killed.returncode == -9
+    state = tmp_path / "ckpt" / "resume.ckpt"
+    good = state.read_bytes()
+    state.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1 and "damaged (checksum mismatch)" in done.stderr
+    assert "Traceback" not in done.stderr and state.exists()
+    state.write_bytes(good)
+    edited = tmp_path / "edited.py"
+    edited.write_text(textwrap.dedent(COUNTER).replace("total += i", "total += 2 * i"))
+    other = tmp_path / "other.py"
+    assert transform_main([str(edited), "-o", str(other), "--all-hints"]) == 0
+    done = kr.finish(other, cwd=tmp_path, env=env)
+    assert done.returncode == 1 and "different version of this program" in done.stderr
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "190"
