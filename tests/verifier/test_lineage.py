@@ -144,6 +144,13 @@ def test_durable_step_claims_less_when_latest_json_is_ahead_of_the_events(tmp_pa
     assert "no checkpoint event backs step 16" in note.message
 
 
+def test_an_unreadable_latest_json_gives_way_to_the_newest_event(tmp_path: Path) -> None:
+    root = _unfinished(tmp_path)
+    (root / "checkpoints" / "latest.json").write_text("{not json")
+    step, note = durable_step(read_inputs(root))
+    assert step == 14 and note is not None and note.message.startswith("unreadable")
+
+
 def test_without_latest_json_nothing_is_durable(tmp_path: Path) -> None:
     root = _unfinished(tmp_path)
     (root / "checkpoints" / "latest.json").unlink()
