@@ -112,6 +112,14 @@ def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
     assert f"steps {durable + 1}..159 not committed yet" in message
     assert f"continue it with `ecrl run --out {root}`" in message
 
+    # The mutation catalogue on the real stopped run: every harmful mutation of its committed
+    # prefix or tentative records is caught, every benign one leaves it UNKNOWN.
+    outcome = self_test(root, workdir=tmp_path)
+    assert outcome.harmful > 0 and outcome.benign > 0
+    wrong = [t for t in outcome.trials if not t.ok]
+    assert not wrong, wrong
+    assert all(t.verdict == "UNKNOWN" for t in outcome.trials if not t.harmful)
+
     done = ecrl("run", "--out", str(root), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     code, run = _verify_json(root)
