@@ -18,7 +18,14 @@ from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Location, Note
 from verifier.check import verify, verify_run
 from verifier.errors import VerifierError
 from verifier.report import render_json, render_junit, render_markdown, render_text, write_report
-from verifier.result import AttemptSummary, Metrics, RunResult, Verdict, VerifyResult
+from verifier.result import (
+    AttemptSummary,
+    Metrics,
+    RunResult,
+    Unfinished,
+    Verdict,
+    VerifyResult,
+)
 
 __all__ = [
     "verify",
@@ -31,6 +38,7 @@ __all__ = [
     "VerifyResult",
     "RunResult",
     "AttemptSummary",
+    "Unfinished",
     "Metrics",
     "Anomaly",
     "Location",

@@ -5,10 +5,17 @@ counts), checks every record as it streams by, and keeps per rank only the runs 
 logged. When all attempts are read, interval arithmetic over those runs settles the step-level
 obligations (resume points, missing and duplicated steps and records), the epochs still open are
 judged, and the metrics are computed from the same data.
+
+A run that has not finished (stopped, still running, given up) is held to every obligation over
+its committed prefix — the steps up to the last durable checkpoint (:mod:`verifier.lineage`) —
+and its final attempt's later records are tentative: checked record by record, never committed.
+If nothing but the steps after the prefix is lacking, the verdict is UNKNOWN with one reason
+that says how far the run is proved and how to continue it.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,14 +42,25 @@ from verifier.coverage import (
     size,
 )
 from verifier.errors import Unusable, VerifierError
-from verifier.lineage import AttemptPlan, Lineage, build_lineage
-from verifier.result import AttemptSummary, RunResult, Series, Verdict, VerifyResult
+from verifier.lineage import AttemptPlan, Lineage, lineage_of
+from verifier.result import (
+    AttemptSummary,
+    RunResult,
+    Series,
+    Unfinished,
+    Verdict,
+    VerifyResult,
+)
 from verifier.schema import RunInputs, read_inputs
 from verifier.windows import RecordContext, check_records, format_ids
 
 __all__ = ["verify", "verify_run", "Progress"]
 
 Progress = Callable[[str], None]
+
+_CRASH = "crash while writing"
+_TORN = {"running": "still being written", "stopped": "cut short by the stop"}
+"""Why an attempt's log may end in a torn line, by the attempt's status."""
 
 
 @dataclass(slots=True)
@@ -67,6 +85,11 @@ class _RunCheck:
         self.geometry = inputs.geometry
         self.manifest = inputs.manifest
         self.target = inputs.manifest.target_steps
+        # Steps 0..end-1 must be committed: all of them once the run finished, else the prefix
+        # up to the last durable checkpoint.
+        durable = lineage.durable
+        self.end = self.target if lineage.finished else \
+            min(self.target, 0 if durable is None else durable + 1)
         self.want_series = want_series
         self.reference_loss = reference_loss
         self.progress = progress
@@ -77,7 +100,7 @@ class _RunCheck:
         self.notes: list[Note] = [*inputs.notes, *lineage.notes]
         self.unknown: list[str] = []
         self.aborted = False
-        self.samples = (SampleCoverage(self.geometry, self.manifest.seed, self.target)
+        self.samples = (SampleCoverage(self.geometry, self.manifest.seed, self.end)
                         if self.manifest.log_ids else None)
         self.finished_epochs: set[int] = set()
         self.late_records = 0
@@ -89,6 +112,8 @@ class _RunCheck:
         self.records = 0
         self.committed_records = 0
         self.shards = 0
+        self.tentative_records = 0
+        self.tentative_shards = 0
         self.fast_records = 0
         self.order_only = 0
         self.loss_sum = np.zeros(self.target) if want_series else None
@@ -154,7 +179,7 @@ class _RunCheck:
                         self.notes.append(Note(
                             kind="torn_line", file=self.inputs.rel(reader.path),
                             line=reader.torn[0],
-                            message="torn last line ignored (crash while writing): "
+                            message=f"torn last line ignored ({_TORN.get(plan.status, _CRASH)}): "
                                     f"{reader.torn[1]!r}"))
                     continue
                 self._take(plan, reader, batch)
@@ -186,12 +211,16 @@ class _RunCheck:
             committed = np.ones(n, dtype=bool)
         else:
             committed = steps <= plan.hi
+        tentative = ~committed if plan.tentative else np.zeros(n, dtype=bool)
         rel = self.files[(k, rank)]
         self._order(plan, rel, rank, batch, previous, committed)
         ncommit = int(np.count_nonzero(committed))
+        ntent = int(np.count_nonzero(tentative))
         self.committed_records += ncommit
+        self.tentative_records += ntent
         if batch.fast:
             self.shards += ncommit
+            self.tentative_shards += ntent
         else:
             ctx = RecordContext(file=rel, attempt=k, rank=rank, world_size=plan.world_size,
                                 local_batch=reader.local_batch, geometry=self.geometry,
@@ -199,6 +228,11 @@ class _RunCheck:
             compared, reordered = check_records(batch, committed, ctx, self.sink)
             self.shards += compared
             self.order_only += reordered
+            if ntent:
+                compared, reordered = check_records(batch, tentative, replace(ctx, tentative=True),
+                                                    self.sink)
+                self.tentative_shards += compared
+                self.order_only += reordered
         times = batch.time
         lo_t, hi_t = float(times.min()), float(times.max())
         stats.first_time = lo_t if stats.first_time is None else min(stats.first_time, lo_t)
@@ -294,15 +328,18 @@ class _RunCheck:
         plans = self.lineage.plans
         summaries, chain_sets = self._attempts(plans)
         committed_steps = size(merge(iv for _, ivs in chain_sets for iv in ivs))
+        # An unfinished run without a durable checkpoint commits nothing by rule; its account
+        # (_account) says so instead of "empty lineage".
+        nothing_due = not self.lineage.finished and self.end == 0
         if not self.aborted:
-            if self.committed_records == 0:
-                self.unknown.append(
-                    "the committed lineage is empty: no attempt logged a committed step, so "
-                    "nothing can be verified")
-            else:
+            if self.committed_records:
                 self._steps(chain_sets)
                 if self.samples is not None:
                     self._judge_epochs(self.samples.finish_all())
+            elif not nothing_due:
+                self.unknown.append(
+                    "the committed lineage is empty: no attempt logged a committed step, so "
+                    "nothing can be verified")
         # Epochs judged before the logs became unreadable were complete: their witnesses count.
         if self.epoch_verdicts:
             self._samples()
@@ -326,12 +363,23 @@ class _RunCheck:
             "records": self.records,
             "committed_records": self.committed_records,
             "shards": self.shards,
+            "tentative_records": self.tentative_records,
+            "tentative_shards": self.tentative_shards,
             "committed_steps": committed_steps,
             "target_steps": self.target,
             "epochs": self.samples.epochs_checked if self.samples is not None else 0,
             "fast_path_records": self.fast_records,
         }
-        verdict = self._verdict(checked)
+        unfinished = None if self.lineage.finished else self._unfinished(summaries)
+        verdict, prefix_only = self._verdict(checked, unfinished)
+        if unfinished is not None:
+            unfinished = replace(unfinished, message=self._account(
+                unfinished, checked, prefix_only=prefix_only))
+            if prefix_only:
+                self.unknown.insert(0, unfinished.message)
+            else:
+                self.notes.insert(0, Note(kind="unfinished", file="supervisor.json",
+                                          message=unfinished.message))
         series = None
         if self.want_series:
             series = Series(
@@ -347,24 +395,82 @@ class _RunCheck:
             anomaly_counts={k: self.sink.counts[k] for k in self.sink.witnesses},
             warnings=tuple(self.notes), unknown=tuple(self.unknown), checked=checked,
             metrics=metrics, lineage=tuple(summaries), log_ids=self.manifest.log_ids,
-            series=series)
+            series=series, unfinished=unfinished)
 
-    def _verdict(self, checked: dict[str, int]) -> Verdict:
+    def _conclusive(self, checked: dict[str, int]) -> bool:
+        """Whether the committed records were all compared (the guard against vacuous passes)."""
+        return not (checked["committed_records"] == 0 or checked["shards"] == 0
+                    or checked["shards"] < checked["committed_records"]
+                    or (self.samples is not None and checked["epochs"] == 0))
+
+    def _verdict(self, checked: dict[str, int], unfinished: Unfinished | None
+                 ) -> tuple[Verdict, bool]:
+        """The verdict, and whether it is UNKNOWN only because the run has not finished."""
         if self.sink:
-            return "FAIL"
+            return "FAIL", False
         if self.unknown:
-            return "UNKNOWN"
-        vacuous = (checked["committed_records"] == 0 or checked["shards"] == 0
-                   or checked["shards"] < checked["committed_records"]
-                   or checked["committed_steps"] < self.target
-                   or (self.samples is not None and checked["epochs"] == 0))
+            return "UNKNOWN", False
+        if unfinished is not None and self.end < self.target:
+            # Only steps after the durable prefix are lacking: not a failure, not a proof.
+            if self.end and not self._conclusive(checked):
+                self.unknown.append(
+                    f"nothing conclusive was checked in the committed prefix "
+                    f"({checked['shards']} shards of {checked['committed_records']} committed "
+                    "records)")
+            return "UNKNOWN", True
+        vacuous = not self._conclusive(checked) or checked["committed_steps"] < self.target
         if vacuous:
             self.unknown.append(
                 f"nothing conclusive was checked ({checked['shards']} shards of "
                 f"{checked['committed_records']} committed records, "
                 f"{checked['committed_steps']} of {self.target} steps)")
-            return "UNKNOWN"
-        return "PASS"
+            return "UNKNOWN", False
+        return "PASS", False
+
+    def _unfinished(self, summaries: list[AttemptSummary]) -> Unfinished:
+        state = self.inputs.supervisor
+        final = state.attempts[-1]
+        status = state.status if state.status != "completed" else final.status
+        k = final.attempt
+        w = final.world_size
+        lasts = [self.ledgers[(k, r)].last_step if (k, r) in self.ledgers else None
+                 for r in range(w)]
+        every = [x for x in lasts if x is not None]
+        last = min(every) if len(every) == w else summaries[-1].last_step
+        return Unfinished(status=status, attempt=k, last_step=last,
+                          durable_step=self.lineage.durable, committed_steps=self.end,
+                          target_steps=self.target, message="")
+
+    def _account(self, u: Unfinished, checked: dict[str, int], *, prefix_only: bool) -> str:
+        """The one line on an unfinished run: how far it is proved and what to do."""
+        if u.last_step is None:
+            head = f"run not finished (status {u.status!r}; attempt {u.attempt} logged no step)"
+        elif u.status == "running":
+            head = f"run not finished (status 'running', at step {u.last_step})"
+        else:
+            head = f"run not finished (status {u.status!r} after step {u.last_step})"
+        t, end = u.target_steps, u.committed_steps
+        if end >= t:
+            return (f"{head}, but its last durable checkpoint (step {u.durable_step}) already "
+                    f"commits every target step 0..{t - 1}")
+        rest = f"steps {end}..{t - 1} not committed yet"
+        if u.status == "running":
+            # A supervisor killed outright leaves 'running' behind; `ecrl run` then continues.
+            hint = (f"verify again when it has finished (if its supervisor was killed, continue "
+                    f"it with `ecrl run --out {shlex.quote(str(self.inputs.root))}`)")
+        else:
+            hint = f"continue it with `ecrl run --out {shlex.quote(str(self.inputs.root))}`"
+        if prefix_only:
+            if end == 0:
+                return (f"{head}: no durable checkpoint yet, so nothing is committed; {rest} — "
+                        f"{hint}")
+            proved = "proved exactly once" if self._conclusive(checked) else "committed"
+            return (f"{head}: steps 0..{end - 1} {proved} up to the last durable checkpoint; "
+                    f"{rest} — {hint}")
+        scope = (f"steps 0..{end - 1}, up to the last durable checkpoint" if end
+                 else "no step (no durable checkpoint yet)")
+        return (f"{head}: the verdict covers the committed prefix, {scope}, and the tentative "
+                f"records after it; {rest}")
 
     def _mean_loss(self) -> npt.NDArray[np.float64] | None:
         if self.loss_sum is None or self.loss_n is None:
@@ -377,6 +483,7 @@ class _RunCheck:
         summaries = []
         chain_sets: list[tuple[int, list[Interval]]] = []
         by_attempt = {a.attempt: a for a in self.inputs.supervisor.attempts}
+        lows: dict[int, int] = {}
         for plan in plans:
             k, w = plan.attempt, plan.world_size
             ranks = {r: self.ledgers[(k, r)] for (a, r) in self.ledgers if a == k}
@@ -384,6 +491,8 @@ class _RunCheck:
             firsts = {r: runs.first_step for r, runs in ranks.items()
                       if runs.first_step is not None}
             lasts = [runs.last_step for runs in ranks.values() if runs.last_step is not None]
+            if lasts:
+                lows[k] = min(lasts)
             union: list[Interval] = []
             if plan.on_chain and not self.aborted:
                 # All committed records (steps run again below lo included) for duplicates;
@@ -397,18 +506,21 @@ class _RunCheck:
                 chain_sets.append((k, union))
             a = by_attempt[k]
             stats = self.stats[k]
+            uncommitted = size(executed) - size(union)
             summaries.append(AttemptSummary(
                 attempt=k, world_size=w, resumed_from_step=plan.resumed_from,
                 status=a.status, exit_code=a.exit_code,
                 first_step=min(firsts.values()) if firsts else None,
                 last_step=max(lasts) if lasts else None,
                 committed=(union[0][0], union[-1][1] - 1) if union else None,
-                records=stats.records, replayed_steps=size(executed) - size(union),
+                records=stats.records,
+                replayed_steps=0 if plan.tentative else uncommitted,
+                tentative_steps=uncommitted if plan.tentative else 0,
                 start_time=a.start_time, end_time=a.end_time))
-        self._summary_notes(summaries)
+        self._summary_notes(summaries, lows)
         return summaries, chain_sets
 
-    def _summary_notes(self, summaries: list[AttemptSummary]) -> None:
+    def _summary_notes(self, summaries: list[AttemptSummary], lows: dict[int, int]) -> None:
         for s, a in zip(summaries, self.inputs.supervisor.attempts, strict=True):
             if a.first_step is not None and s.first_step is not None \
                     and a.first_step != s.first_step:
@@ -416,12 +528,17 @@ class _RunCheck:
                     kind="supervisor", file="supervisor.json",
                     message=f"attempt {s.attempt}: supervisor.json says first_step "
                             f"{a.first_step}, the logs start at step {s.first_step}"))
-            if a.last_step is not None and s.last_step is not None \
-                    and a.last_step != s.last_step:
+            # The runtime records the last step every rank logged; the summary has the last
+            # step any rank logged. Ranks of an attempt that did not complete may differ.
+            low = lows.get(s.attempt)
+            if a.last_step is not None and s.last_step is not None and low is not None \
+                    and not low <= a.last_step <= s.last_step:
                 self.notes.append(Note(
                     kind="supervisor", file="supervisor.json",
                     message=f"attempt {s.attempt}: supervisor.json says last_step "
-                            f"{a.last_step}, the logs end at step {s.last_step}"))
+                            f"{a.last_step}, the logs end at step "
+                            + (f"{s.last_step}" if low == s.last_step
+                               else f"{low} (every rank) to {s.last_step} (some rank)")))
 
     def _resume(self, plan: AttemptPlan, firsts: dict[int, int]) -> None:
         if not firsts:
@@ -529,7 +646,7 @@ class _RunCheck:
             self._duplicate_step(flat[o.first][1], flat[o.again][1], o.start, o.stop)
             for o in found))
         union = merge(iv for iv, _ in flat)
-        missing = difference([(0, self.target)], union)
+        missing = difference([(0, self.end)], union)
         self.sink.add_many("missing_step", size(missing), (
             self._missing_step(gap) for gap in missing))
         extra = clip(union, self.target, 2**63)
@@ -554,8 +671,8 @@ class _RunCheck:
         elif owner.hi is None:
             last = self._last_logged(owner.attempt)
             why = (f"the final attempt {owner.attempt} "
-                   + (f"stopped after step {last}" if last is not None and last < start
-                      else "logged no record of it"))
+                   + (f"stopped after step {last}, although supervisor.json says it completed"
+                      if last is not None and last < start else "logged no record of it"))
         else:
             why = (f"attempt {owner.attempt} should have committed steps "
                    f"{owner.lo}..{owner.hi}, but no rank logged step {start}")
@@ -599,7 +716,7 @@ def verify_run(path: str | Path, *, series: bool = False,
         inputs = read_inputs(root)
     except Unusable as exc:
         return _unknown(root, str(exc))
-    lineage = build_lineage(inputs.supervisor.attempts, inputs.checkpoints)
+    lineage = lineage_of(inputs)
     check = _RunCheck(inputs, lineage, want_series=series or reference_loss is not None,
                       reference_loss=reference_loss, progress=progress)
     check.scan()
@@ -632,7 +749,14 @@ def verify(path: str | Path, reference: str | Path | None = None, *, series: boo
         ref_result = verify_run(ref, series=True)
         if ref_result.series is not None:
             reference_loss = ref_result.series.loss
-        if ref_result.verdict != "PASS":
+        account = ref_result.unfinished.message if ref_result.unfinished is not None else None
+        if ref_result.verdict == "UNKNOWN" and ref_result.unknown == (account,):
+            assert ref_result.unfinished is not None
+            notes.append(Note(kind="reference",
+                              message=f"the reference run {ref} is unfinished: losses are "
+                                      f"compared over its committed steps 0.."
+                                      f"{ref_result.unfinished.committed_steps - 1}"))
+        elif ref_result.verdict != "PASS":
             notes.append(Note(kind="reference",
                               message=f"the reference run {ref} is {ref_result.verdict} itself; "
                                       "its losses may not be a fair reference"))

@@ -16,6 +16,12 @@ write of the last checkpoint may not have become durable (``lost_writes``), so t
 resumes from the one before. The next attempt resumes after the newest durable checkpoint, at
 the next world size, or from step 0 when there is none.
 
+An *unfinished* run (``stop_at``) ends with a final attempt that did not complete: ``stopped``
+(Ctrl-C: ranks stop mid-step, so some logged one step fewer, and a line may be torn), still
+``running`` (supervisor.json has no end yet), or ``failed`` (a crash after which the supervisor
+gave up at its restart limit). What is durable (``latest.json``, the checkpoint events) is
+exactly what a continuation would resume from.
+
 ``writer="bulk"`` writes the same bytes (a test compares them) with one ``write`` per block of
 records instead of one per record, for benchmark runs of millions of records.
 """
@@ -53,6 +59,9 @@ __all__ = ["RunSpec", "AttemptPlanned", "GeneratedRun", "generate_run", "plan_ru
 T0 = 1_795_392_000.0
 """Wall-clock start of generated runs (2026-11-22, as in docs/run-format.md)."""
 STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
+_EXIT_CODES: dict[str, int | None] = {"completed": 0, "failed": 137, "stopped": 1,
+                                      "running": None}
+"""An attempt's exit code by status (a stopped torchrun exits 1; a running one has none yet)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +100,11 @@ class RunSpec:
     loss_noise: float = 0.0
     """Extra per-step loss noise (drawn from ``chaos``), for divergence tests."""
     writer: Literal["runformat", "bulk"] = "runformat"
+    stop_at: int | None = None
+    """The final attempt does not complete: its last step is this one (None: it completes)."""
+    end: Literal["stopped", "running", "failed"] = "stopped"
+    """How an unfinished run (``stop_at``) ends: stopped by Ctrl-C or SIGTERM, still running,
+    or failed (the supervisor gave up at its restart limit)."""
 
     def __post_init__(self) -> None:
         try:
@@ -113,6 +127,21 @@ class RunSpec:
             raise VerifierError("RunSpec: ckpt_every must be >= 0")
         if self.strategy not in STRATEGIES:
             raise VerifierError(f"RunSpec: strategy must be one of {STRATEGIES}")
+        if self.stop_at is not None and not (
+                max(self.fail_at, default=-1) < self.stop_at < self.target_steps):
+            raise VerifierError(f"RunSpec: stop_at must lie after the last fail_at step and "
+                                f"below target_steps {self.target_steps}, got {self.stop_at}")
+        if self.end not in ("stopped", "running", "failed"):
+            raise VerifierError("RunSpec: end must be stopped, running or failed")
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_at is None
+
+    @property
+    def run_status(self) -> str:
+        """supervisor.json's status for the run (and for its final attempt)."""
+        return "completed" if self.stop_at is None else self.end
 
     @property
     def geometry(self) -> semantics.Geometry:
@@ -136,8 +165,11 @@ class AttemptPlanned:
     start: int
     """First step (resumed_from + 1, or 0)."""
     last: int
-    """Last step the attempt completed (the failure step, or T - 1)."""
+    """Last step the attempt completed (the failure step, the stop step, or T - 1)."""
     failed: bool
+    """The attempt did not complete (a failure, or the end of an unfinished run)."""
+    status: str
+    """Its status in supervisor.json."""
     rank_last: tuple[int, ...]
     """Last step each rank logged (start - 1: none)."""
     torn: tuple[bool, ...]
@@ -159,6 +191,10 @@ class GeneratedRun:
     """Step records written (torn lines excluded)."""
     committed_records: int = 0
     replayed_steps: int = 0
+    tentative_steps: int = 0
+    """Unfinished runs: steps the final attempt ran after the last durable checkpoint."""
+    durable_step: int | None = None
+    """Step of the newest durable checkpoint (what a continuation resumes from)."""
 
     @property
     def paths(self) -> RunPaths:
@@ -171,11 +207,16 @@ def plan_run(spec: RunSpec) -> list[AttemptPlanned]:
     attempts: list[AttemptPlanned] = []
     durable: list[int] = []
     resume: int | None = None
-    for k in range(len(spec.fail_at) + 1):
+    final = len(spec.fail_at)
+    for k in range(final + 1):
         w = spec.world_size_of(k)
         start = 0 if resume is None else resume + 1
-        failed = k < len(spec.fail_at)
-        last = spec.fail_at[k] if failed else spec.target_steps - 1
+        if k < final:
+            failed, status, last = True, "failed", spec.fail_at[k]
+        elif spec.stop_at is not None:
+            failed, status, last = True, spec.end, spec.stop_at
+        else:
+            failed, status, last = False, "completed", spec.target_steps - 1
         last = max(last, start)  # a failure step already passed fires after the first step
         due = [g for g in range(start, last + 1) if spec.checkpoint_due(g)]
         lost = None
@@ -186,8 +227,12 @@ def plan_run(spec: RunSpec) -> list[AttemptPlanned]:
         floor = max(due) if due else start - 1
         if failed:
             failing = rng.randrange(w)
+            # A crash leaves peers up to two steps behind; a stop (or a look at a running job)
+            # lands mid-step, so a rank is at most one step behind.
+            behind = 2 if status == "failed" else 1
             rank_last = tuple(
-                last if r == failing or not spec.lag else rng.randint(max(floor, last - 2), last)
+                last if r == failing or not spec.lag
+                else rng.randint(max(floor, last - behind), last)
                 for r in range(w))
             torn = tuple(spec.torn and rng.random() < 0.4 for _ in range(w))
         else:
@@ -195,14 +240,16 @@ def plan_run(spec: RunSpec) -> list[AttemptPlanned]:
             torn = (False,) * w
         attempts.append(AttemptPlanned(
             attempt=k, world_size=w, resumed_from=resume, start=start, last=last, failed=failed,
-            rank_last=rank_last, torn=torn, checkpoints=tuple(due), lost=lost))
+            status=status, rank_last=rank_last, torn=torn, checkpoints=tuple(due), lost=lost))
         resume = max(durable) if durable else None
     out = []
     for i, a in enumerate(attempts):
-        if i + 1 == len(attempts):
+        if i + 1 == len(attempts) and not a.failed:
             hi = a.last
         else:
-            nxt = attempts[i + 1].resumed_from
+            # A failed attempt commits up to where its successor resumed; an unfinished final
+            # attempt up to where a continuation would resume (the newest durable checkpoint).
+            nxt = attempts[i + 1].resumed_from if i + 1 < len(attempts) else resume
             hi = nxt if nxt is not None and nxt >= a.start else a.start - 1
         out.append(replace(a, committed_hi=hi))
     return out
@@ -236,7 +283,7 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
     write_json_record(paths.manifest, manifest)
     now = T0
     supervisor_attempts = []
-    records = committed = replayed = 0
+    records = committed = replayed = tentative = 0
     latest: LatestPointer | None = None
     for a in attempts:
         start_time = now
@@ -291,22 +338,29 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
                     writer.write(event)
         executed = max(0, max(a.rank_last) - a.start + 1)
         kept = max(0, min(a.committed_hi, max(a.rank_last)) - a.start + 1)
-        replayed += executed - kept
+        if a.attempt == attempts[-1].attempt and a.failed:
+            tentative += executed - kept
+        else:
+            replayed += executed - kept
+        running = a.status == "running"
+        logged = max(a.rank_last) >= a.start and not running
         supervisor_attempts.append(SupervisorAttempt(
             attempt=a.attempt, world_size=a.world_size, resumed_from_step=a.resumed_from,
-            first_step=a.start if max(a.rank_last) >= a.start else None,
-            last_step=max(a.rank_last) if max(a.rank_last) >= a.start else None,
-            exit_code=137 if a.failed else 0, status="failed" if a.failed else "completed",
-            start_time=round(start_time, 6), end_time=end_time))
+            first_step=a.start if logged else None,
+            last_step=max(a.rank_last) if logged else None,
+            exit_code=_EXIT_CODES[a.status], status=a.status,
+            start_time=round(start_time, 6), end_time=None if running else end_time))
         now = end_time + (spec.restart_s if a.failed else 0.0)
     write_json_record(paths.supervisor, SupervisorState(
-        attempts=supervisor_attempts, restarts=len(attempts) - 1, status="completed"))
+        attempts=supervisor_attempts, restarts=len(attempts) - 1, status=spec.run_status))
     if latest is not None:
         write_json_record(paths.latest, latest)
     else:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
     return GeneratedRun(root=paths.root, spec=spec, attempts=tuple(attempts), records=records,
-                        committed_records=committed, replayed_steps=replayed)
+                        committed_records=committed, replayed_steps=replayed,
+                        tentative_steps=tentative,
+                        durable_step=latest.global_step if latest is not None else None)
 
 
 def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, rank: int,

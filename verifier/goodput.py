@@ -2,9 +2,12 @@
 
 ``goodput = committed_steps / wall_s`` (seed ``000_…``, eq. 6), where ``wall_s`` runs from the
 first attempt's start to the last attempt's end, so restarts, replayed steps and checkpoint stalls
-all count against it. The checkpoint-time decomposition sums the phases each checkpoint event
-recorded; ``restart_s`` and ``lost_s`` split the rest of the failure cost (time between attempts,
-work after an attempt's last committed step).
+all count against it. For a run that has not finished, ``committed_steps`` is its committed
+prefix (up to the last durable checkpoint) and ``wall_s`` ends at its last record when no end
+is recorded yet; the final attempt's later steps are ``tentative_steps``, not replayed ones.
+The checkpoint-time decomposition sums the phases each checkpoint event recorded; ``restart_s``
+and ``lost_s`` split the rest of the failure cost (time between attempts, work after an
+attempt's last committed step).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ def compute(inputs: RunInputs, summaries: Sequence[AttemptSummary],
         committed_steps=committed_steps,
         restarts=len(attempts) - 1,
         replayed_steps=sum(s.replayed_steps for s in summaries),
+        tentative_steps=sum(s.tentative_steps for s in summaries),
         wall_s=wall,
         goodput=committed_steps / wall if wall else None,
         stall_s=float(sum(e.stall_s for e in events)),

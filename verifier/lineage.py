@@ -19,6 +19,14 @@ starting point; then the predecessor's work is thrown away, not committed twice.
 Which checkpoints exist is read from the checkpoint events (``checkpoint_rank0.jsonl``): a resume
 from a step no earlier attempt recorded a checkpoint at is an ``unknown_checkpoint`` anomaly, and
 the lineage falls back to the previous attempt so that the rest of the check stays meaningful.
+
+*Unfinished runs.* A run that was stopped (Ctrl-C, SIGTERM), is still running, or gave up at the
+restart limit has no final attempt that completed. Its final attempt is treated exactly like a
+failed one: the walk starts from the attempt a continuation (``ecrl run --out RUN``) would launch,
+which resumes from the checkpoint ``latest.json`` names — the durable state. Every attempt then
+has a bound ``hi``; the final attempt's records after it are *tentative*: a continuation runs
+those steps again, so they are never committed, but they are still held to the per-record checks
+(shard, cursor, hash) because they are what the run is consuming now.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from dataclasses import dataclass
 
 from ecrl.runformat import SupervisorAttempt
 from verifier.anomalies import Anomaly, Note
-from verifier.schema import CheckpointRecord, torn_tail_ok
+from verifier.schema import CheckpointRecord, RunInputs, torn_tail_ok
 
-__all__ = ["AttemptPlan", "Lineage", "build_lineage"]
+__all__ = ["AttemptPlan", "Lineage", "build_lineage", "lineage_of", "is_finished",
+           "durable_step"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +57,10 @@ class AttemptPlan:
     lo: int
     """First step it commits (``resumed_from + 1``, or 0)."""
     hi: int | None
-    """Last step it commits; None for the final attempt (no bound)."""
+    """Last step it commits; None for the final attempt of a finished run (no bound)."""
+    tentative: bool
+    """The final attempt of an unfinished run: its records not committed are tentative (held to
+    the per-record checks, never committed)."""
     torn_ok: bool
     """Whether a torn last line is expected (the attempt did not complete)."""
     status: str
@@ -72,6 +84,10 @@ class Lineage:
     plans: tuple[AttemptPlan, ...]
     anomalies: tuple[Anomaly, ...]
     notes: tuple[Note, ...]
+    finished: bool = True
+    """False: the run has not reached its target (see the module docstring)."""
+    durable: int | None = None
+    """Unfinished runs: the step a continuation would resume from (None: it starts fresh)."""
 
     @property
     def chain(self) -> list[AttemptPlan]:
@@ -87,14 +103,85 @@ def _writer(checkpoints: Mapping[int, Sequence[CheckpointRecord]], step: int, be
     return None
 
 
+def is_finished(inputs: RunInputs) -> bool:
+    """Whether supervisor.json says the run, and its final attempt, completed."""
+    state = inputs.supervisor
+    return state.status == "completed" and state.attempts[-1].status == "completed"
+
+
+def durable_step(inputs: RunInputs) -> tuple[int | None, Note | None]:
+    """The step a continuation of ``inputs``' run would resume from, and a note when the
+    checkpoint events do not back ``latest.json``.
+
+    ``latest.json`` is what the supervisor resumes from. Its checkpoint event is written just
+    after it is published, so a run stopped (or read) in between has a pointer one checkpoint
+    ahead of the events; the newest recorded checkpoint before it is then taken, which claims
+    less, never more, than is durable. Without ``latest.json`` nothing is durable.
+    """
+    recorded = sorted({r.event.global_step for events in inputs.checkpoints.values()
+                       for r in events})
+    latest = inputs.latest
+    if latest is None:
+        if not recorded:
+            return None, None
+        if inputs.paths.latest.is_file():
+            return recorded[-1], Note(
+                kind="latest", file="checkpoints/latest.json",
+                message=f"unreadable: the newest recorded checkpoint, step {recorded[-1]}, is "
+                        "taken as the last durable one")
+        return None, Note(
+            kind="latest", file="checkpoints/latest.json",
+            message=f"missing although checkpoints were recorded (the newest at step "
+                    f"{recorded[-1]}): a continuation starts fresh, so nothing is committed")
+    if latest.global_step in recorded:
+        return latest.global_step, None
+    older = [s for s in recorded if s < latest.global_step]
+    fallback = older[-1] if older else None
+    return fallback, Note(
+        kind="latest", file="checkpoints/latest.json",
+        message=f"the run is unfinished and no checkpoint event backs step "
+                f"{latest.global_step}: "
+                + (f"the newest recorded checkpoint before it, step {fallback}, is taken as the "
+                   "last durable one" if fallback is not None
+                   else "no checkpoint is taken as durable"))
+
+
+def lineage_of(inputs: RunInputs) -> Lineage:
+    """The committed lineage of a run, finished or not (the module docstring has the rule)."""
+    attempts, checkpoints = inputs.supervisor.attempts, inputs.checkpoints
+    if is_finished(inputs):
+        return build_lineage(attempts, checkpoints)
+    durable, note = durable_step(inputs)
+    lineage = build_lineage(attempts, checkpoints, finished=False, durable=durable)
+    if note is None:
+        return lineage
+    return Lineage(plans=lineage.plans, anomalies=lineage.anomalies,
+                   notes=(note, *lineage.notes), finished=False, durable=durable)
+
+
 def build_lineage(attempts: Sequence[SupervisorAttempt],
-                  checkpoints: Mapping[int, Sequence[CheckpointRecord]]) -> Lineage:
-    """Rebuild the chain of attempts from ``supervisor.json`` and the checkpoint events."""
+                  checkpoints: Mapping[int, Sequence[CheckpointRecord]], *,
+                  finished: bool = True, durable: int | None = None) -> Lineage:
+    """Rebuild the chain of attempts from ``supervisor.json`` and the checkpoint events.
+
+    ``finished=False``: the final attempt did not complete; the chain is walked back from a
+    continuation that resumes from ``durable`` (None: it would start fresh, nothing is
+    committed).
+    """
     anomalies: list[Anomaly] = []
     notes: list[Note] = []
     bounds: dict[int, tuple[int, int | None, int | None]] = {}
-    k: int | None = len(attempts) - 1
+    final = len(attempts) - 1
+    k: int | None = final
     hi: int | None = None
+    if not finished:
+        hi = durable
+        # The pointer's step is recorded (durable_step makes sure); its writer is the newest
+        # attempt that recorded it.
+        k = None if durable is None else _writer(checkpoints, durable, final + 1)
+        if durable is not None and k is None:
+            k = final
+    top = k
     while k is not None:
         c = attempts[k].resumed_from_step
         lo = 0 if c is None else c + 1
@@ -116,16 +203,25 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
         hi = c
         k = writer
     for a in attempts:
-        if a.attempt not in bounds:
-            later = min(j for j in bounds if j > a.attempt)
+        if a.attempt in bounds:
+            continue
+        later = min((j for j in bounds if j > a.attempt), default=None)
+        if later is not None:
             loaded = attempts[later].resumed_from_step
-            notes.append(Note(
-                kind="off_chain", file="supervisor.json",
-                message=f"attempt {a.attempt} is not in the committed lineage: attempt {later} "
-                        + ("started fresh" if loaded is None else
-                           f"resumed from step {loaded}, a checkpoint of attempt "
-                           f"{bounds[later][2]}")
-                        + f"; all of attempt {a.attempt}'s steps count as replayed"))
+            why = (f"attempt {later} " + (
+                "started fresh" if loaded is None else
+                f"resumed from step {loaded}, a checkpoint of attempt {bounds[later][2]}"))
+        elif durable is None:
+            why = "the run is unfinished and has no durable checkpoint, so a continuation " \
+                  "starts fresh"
+        else:
+            why = (f"the run is unfinished and a continuation resumes from step {durable}, a "
+                   f"checkpoint of attempt {top}")
+        fate = ("all of its steps are tentative" if not finished and a.attempt == final
+                else f"all of attempt {a.attempt}'s steps count as replayed")
+        notes.append(Note(kind="off_chain", file="supervisor.json",
+                          message=f"attempt {a.attempt} is not in the committed lineage: "
+                                  f"{why}; {fate}"))
     for a in attempts:
         if a.attempt > 0 and a.resumed_from_step is None and any(
                 checkpoints.get(j) for j in range(a.attempt)):
@@ -148,6 +244,8 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
         lo, hi_k, writer = bounds.get(a.attempt, (start, start - 1, None))
         plans.append(AttemptPlan(
             attempt=a.attempt, world_size=a.world_size, resumed_from=a.resumed_from_step,
-            writer=writer, on_chain=on_chain, lo=lo, hi=hi_k, torn_ok=torn_tail_ok(a),
+            writer=writer, on_chain=on_chain, lo=lo, hi=hi_k,
+            tentative=not finished and a.attempt == final, torn_ok=torn_tail_ok(a),
             status=a.status, exit_code=a.exit_code))
-    return Lineage(plans=tuple(plans), anomalies=tuple(anomalies), notes=tuple(notes))
+    return Lineage(plans=tuple(plans), anomalies=tuple(anomalies), notes=tuple(notes),
+                   finished=finished, durable=durable if not finished else None)

@@ -3,10 +3,12 @@
 Each :class:`Mutation` edits a copy of a correct run directory (generated or real) at a place it
 picks with a seeded random generator, and says what the verifier must answer: ``FAIL`` with one
 of the named anomaly kinds (a *harmful* mutation), ``UNKNOWN`` (the logs no longer support a
-verdict), or ``PASS`` (a *benign* mutation: replayed work, a torn tail after a crash, an extra
-field). A mutation that does not apply to a run (no replayed records to touch, no resume) returns
-``None``. The verifier *kills* a harmful mutation when it reports one of its kinds; the catalogue's
-kill rate is killed / applied, and a benign mutation that does not pass is a false alarm.
+verdict), or what the untouched run gets (a *benign* mutation: replayed work, a torn tail after
+a crash, an extra field) — ``PASS``, or ``UNKNOWN`` for a run that has not finished. A mutation
+that does not apply to a run (no replayed records to touch, no resume) returns ``None``. The
+verifier *kills* a harmful mutation when it reports one of its kinds; the catalogue's kill rate
+is killed / applied, and a benign mutation that does not get the untouched run's verdict is a
+false alarm.
 
 :func:`self_test` runs the whole catalogue on a run; ``ecrl-verify --report`` states the result,
 ``tests/verifier/test_properties.py`` runs it over generated runs, and ``ecrl bench verify``
@@ -28,7 +30,7 @@ import orjson
 from ecrl import semantics
 from ecrl.runformat import RunManifest, RunPaths, SupervisorState
 from verifier.errors import VerifierError
-from verifier.lineage import AttemptPlan, build_lineage
+from verifier.lineage import AttemptPlan, lineage_of
 from verifier.result import Verdict
 from verifier.schema import read_inputs
 
@@ -77,6 +79,8 @@ class RunView:
     supervisor: SupervisorState
     plans: tuple[AttemptPlan, ...]
     logs: dict[tuple[int, int], _Log]
+    clean: Verdict = "PASS"
+    """The verdict of the untouched run: PASS, or UNKNOWN for a run that has not finished."""
     geometry: semantics.Geometry = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,7 +90,7 @@ class RunView:
     @classmethod
     def load(cls, root: Path) -> RunView:
         inputs = read_inputs(root)
-        lineage = build_lineage(inputs.supervisor.attempts, inputs.checkpoints)
+        lineage = lineage_of(inputs)
         logs: dict[tuple[int, int], _Log] = {}
         paths = inputs.paths
         for a in inputs.supervisor.attempts:
@@ -97,8 +101,15 @@ class RunView:
                 lines = [_Line(i + 1, raw, orjson.loads(raw))
                          for i, raw in enumerate(body.split(b"\n")[:-1])]
                 logs[(a.attempt, rank)] = _Log(path, a.attempt, rank, lines, torn)
+        target = inputs.manifest.target_steps
+        durable = lineage.durable
+        short = not lineage.finished and (durable is None or durable + 1 < target)
         return cls(root=Path(root), manifest=inputs.manifest, supervisor=inputs.supervisor,
-                   plans=lineage.plans, logs=logs)
+                   plans=lineage.plans, logs=logs, clean="UNKNOWN" if short else "PASS")
+
+    @property
+    def finished(self) -> bool:
+        return not self.plans[-1].tentative
 
     def rel(self, log: _Log) -> str:
         return log.path.relative_to(self.root).as_posix()
@@ -106,9 +117,18 @@ class RunView:
     def committed(self, log: _Log, line: _Line) -> bool:
         return self.plans[log.attempt].committed(int(line.data["global_step"]))
 
+    def tentative(self, log: _Log, line: _Line) -> bool:
+        """A record an unfinished run's final attempt logged after the last durable checkpoint."""
+        return self.plans[log.attempt].tentative and not self.committed(log, line)
+
     def records(self, *, committed: bool) -> list[tuple[_Log, _Line]]:
+        """Committed records, or (``committed=False``) replayed ones; never tentative ones."""
         return [(log, line) for _, log in sorted(self.logs.items()) for line in log.lines
-                if self.committed(log, line) == committed]
+                if self.committed(log, line) == committed and not self.tentative(log, line)]
+
+    def tentative_records(self) -> list[tuple[_Log, _Line]]:
+        return [(log, line) for _, log in sorted(self.logs.items()) for line in log.lines
+                if self.tentative(log, line)]
 
     def ids_logged(self) -> bool:
         return self.manifest.log_ids
@@ -171,8 +191,9 @@ def _fail_unless_empty(view: RunView, name: str, where: str, *kinds: str) -> Out
     return _fail(name, where, *kinds)
 
 
-def _pass(name: str, where: str) -> Outcome:
-    return Outcome(mutation=name, where=where, verdict="PASS")
+def _benign(view: RunView, name: str, where: str) -> Outcome:
+    """The untouched run's verdict (PASS, or UNKNOWN for an unfinished run) must stand."""
+    return Outcome(mutation=name, where=where, verdict=view.clean)
 
 
 def _unknown(name: str, where: str) -> Outcome:
@@ -314,8 +335,10 @@ def _cursor(view: RunView, line: _Line, rng: random.Random) -> int:
         if s > 1 else int(line.data["cursor_step"]) + 1
 
 
-def _tamper_hash(view: RunView, rng: random.Random) -> Outcome | None:
-    picked = _pick(rng, view.records(committed=True))
+def _tamper(view: RunView, rng: random.Random, name: str,
+            records: list[tuple[_Log, _Line]]) -> Outcome | None:
+    """Change one hex digit of a record's sample_ids_hash."""
+    picked = _pick(rng, records)
     if picked is None:
         return None
     log, line = picked
@@ -325,7 +348,11 @@ def _tamper_hash(view: RunView, rng: random.Random) -> Outcome | None:
     _set(line, sample_ids_hash=h[:i] + digit + h[i + 1:])
     log.write()
     kind = "hash_mismatch" if view.ids_logged() else "shard_mismatch"
-    return _fail("tamper_hash", _where(view, log, line), kind)
+    return _fail(name, _where(view, log, line), kind)
+
+
+def _tamper_hash(view: RunView, rng: random.Random) -> Outcome | None:
+    return _tamper(view, rng, "tamper_hash", view.records(committed=True))
 
 
 def _tamper_count(view: RunView, rng: random.Random) -> Outcome | None:
@@ -396,12 +423,30 @@ def _truncate_final(view: RunView, rng: random.Random) -> Outcome | None:
     logs = [log for (k, _), log in view.logs.items() if k == final and log.lines]
     if not logs:
         return None
+    if not view.finished:
+        return _truncate_unfinished(view, rng, logs)
     n = 1 + rng.randrange(3)
     for log in logs:
         log.lines = log.lines[:-n] if len(log.lines) > n else []
         log.write()
     return _fail_unless_empty(view, "truncate_final_attempt",
                               f"attempt {final}: last {n} records of every rank", "missing_step")
+
+
+def _truncate_unfinished(view: RunView, rng: random.Random, logs: list[_Log]
+                         ) -> Outcome | None:
+    """An unfinished run: its last committed steps and the tentative records after them go."""
+    plan = view.plans[-1]
+    if not plan.on_chain or plan.hi is None or plan.hi < plan.lo:
+        return None  # it commits nothing yet: cutting its records cuts only tentative ones
+    n = 1 + rng.randrange(min(3, plan.hi - plan.lo + 1))
+    cut = plan.hi - n + 1
+    for log in logs:
+        log.lines = [li for li in log.lines if int(li.data["global_step"]) < cut]
+        log.write()
+    return _fail_unless_empty(view, "truncate_final_attempt",
+                              f"attempt {plan.attempt}: every rank's records from step {cut} on "
+                              f"(the last {n} committed steps)", "missing_step")
 
 
 def _drop_rank_file(view: RunView, rng: random.Random) -> Outcome | None:
@@ -471,6 +516,8 @@ def _reorder(view: RunView, rng: random.Random) -> Outcome | None:
 
 def _extra_step(view: RunView, rng: random.Random) -> Outcome | None:
     final = view.plans[-1]
+    if not view.finished:
+        return None  # past the last durable checkpoint the step would only be tentative
     step = view.manifest.target_steps
     for (k, rank), log in view.logs.items():
         if k == final.attempt and rank < final.world_size:
@@ -566,7 +613,7 @@ def _replayed(view: RunView, rng: random.Random, name: str,
     where = _where(view, log, line)
     edit(log, line, rng)
     log.write()
-    return _pass(name, where)
+    return _benign(view, name, where)
 
 
 def _drop_replayed(view: RunView, rng: random.Random) -> Outcome | None:
@@ -578,6 +625,21 @@ def _repeat_replayed(view: RunView, rng: random.Random) -> Outcome | None:
         log.lines.insert(log.lines.index(line), _Line(line.number, line.raw, dict(line.data)))
 
     return _replayed(view, rng, "repeat_replayed_record", edit)
+
+
+def _tamper_tentative(view: RunView, rng: random.Random) -> Outcome | None:
+    return _tamper(view, rng, "tamper_tentative_hash", view.tentative_records())
+
+
+def _drop_tentative(view: RunView, rng: random.Random) -> Outcome | None:
+    picked = _pick(rng, view.tentative_records())
+    if picked is None:
+        return None
+    log, line = picked
+    where = _where(view, log, line)
+    log.lines.remove(line)
+    log.write()
+    return _benign(view, "drop_tentative_record", where)
 
 
 def _tamper_replayed(view: RunView, rng: random.Random) -> Outcome | None:
@@ -594,19 +656,20 @@ def _tear_failed_tail(view: RunView, rng: random.Random) -> Outcome | None:
         return None
     log.torn = b'{"schema_version":1,"attempt":' + str(log.attempt).encode() + b',"glo'
     log.write()
-    return _pass("tear_failed_tail", f"{view.rel(log)}:{len(log.lines) + 1}")
+    return _benign(view, "tear_failed_tail", f"{view.rel(log)}:{len(log.lines) + 1}")
 
 
 def _benign_field(name: str, change: Callable[[_Line, random.Random], dict[str, Any]]) -> Apply:
     def apply(view: RunView, rng: random.Random) -> Outcome | None:
-        records = view.records(committed=True) + view.records(committed=False)
+        records = (view.records(committed=True) + view.records(committed=False)
+                   + view.tentative_records())
         picked = _pick(rng, records)
         if picked is None:
             return None
         log, line = picked
         _set(line, **change(line, rng))
         log.write()
-        return _pass(name, _where(view, log, line))
+        return _benign(view, name, _where(view, log, line))
 
     return apply
 
@@ -624,7 +687,7 @@ def _shuffle_ids(view: RunView, rng: random.Random) -> Outcome | None:
         rng.shuffle(ids)
     _set(line, sample_ids=ids)
     log.write()
-    return _pass("shuffle_ids_in_record", _where(view, log, line))
+    return _benign(view, "shuffle_ids_in_record", _where(view, log, line))
 
 
 CATALOGUE: tuple[Mutation, ...] = (
@@ -679,12 +742,16 @@ CATALOGUE: tuple[Mutation, ...] = (
     Mutation("drop_ids_field", "remove sample_ids from a record of an ID-logging run", True,
              _drop_ids_field),
     Mutation("bool_field", "write true where an integer belongs", True, _bool_field),
+    Mutation("tamper_tentative_hash", "change a tentative record's hash (an unfinished run, "
+             "after its last durable checkpoint)", True, _tamper_tentative),
     Mutation("drop_replayed_record", "delete a replayed record", False, _drop_replayed),
     Mutation("repeat_replayed_record", "log a replayed record twice", False, _repeat_replayed),
     Mutation("tamper_replayed_hash", "change a replayed record's hash", False,
              _tamper_replayed),
     Mutation("tear_failed_tail", "end a failed attempt's log with a torn line", False,
              _tear_failed_tail),
+    Mutation("drop_tentative_record", "delete a tentative record (an unfinished run, after "
+             "its last durable checkpoint)", False, _drop_tentative),
     Mutation("add_field", "add an unknown field to a record", False,
              _benign_field("add_field", lambda li, r: {"note": f"n{r.randrange(100)}"})),
     Mutation("change_loss", "change a record's loss", False,

@@ -82,11 +82,21 @@ def _proved(run: RunResult) -> list[str]:
     return lines
 
 
+def _unknown_lines(run: RunResult) -> list[str]:
+    """Why there is no verdict; an unfinished run's account is not a failure to read."""
+    account = run.unfinished.message if run.unfinished is not None else None
+    return [reason if reason == account else f"cannot verify: {reason}"
+            for reason in run.unknown]
+
+
 def _metrics_line(run: RunResult) -> str:
     m = run.metrics
     goodput = f"{m.goodput:.3g} steps/s" if m.goodput else "?"
+    tentative = (f"; {m.tentative_steps:,} tentative step{'s' if m.tentative_steps != 1 else ''}"
+                 if m.tentative_steps else "")
     return (f"metrics: {m.committed_steps:,} committed steps in {_seconds(m.wall_s)} (goodput "
-            f"{goodput}); {m.replayed_steps:,} replayed steps; {m.checkpoints} checkpoints, "
+            f"{goodput}); {m.replayed_steps:,} replayed steps{tentative}; {m.checkpoints} "
+            "checkpoints, "
             f"stall {_seconds(m.stall_s)} (snapshot {_seconds(m.snapshot_s)}, write "
             f"{_seconds(m.write_s)})"
             + (f"; loss vs reference: max |Δ| {m.loss_max_abs_diff:.3g}, mean "
@@ -96,8 +106,7 @@ def _metrics_line(run: RunResult) -> str:
 
 def _run_text(run: RunResult) -> list[str]:
     out = [f"{run.verdict}  {run.path}"]
-    for reason in run.unknown:
-        out.append(f"  cannot verify: {reason}")
+    out += [f"  {line}" for line in _unknown_lines(run)]
     by_kind: dict[str, list[Anomaly]] = {}
     for a in run.anomalies:
         by_kind.setdefault(a.kind, []).append(a)
@@ -183,10 +192,25 @@ def render_junit(result: VerifyResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=classname,
                              name="readable: the logs support a verdict")
         counts["tests"] += 1
-        if run.unknown:
-            text = "\n".join(run.unknown)
-            ET.SubElement(case, "error", message=run.unknown[0]).text = text
+        # An unfinished run whose committed prefix was checked: the obligations hold or fail
+        # over that prefix, and "finished" carries the reason there is no verdict.
+        account = run.unfinished.message if run.unfinished is not None else None
+        unreadable = [r for r in run.unknown if r != account]
+        if unreadable:
+            text = "\n".join(unreadable)
+            ET.SubElement(case, "error", message=unreadable[0]).text = text
             counts["errors"] += 1
+        if run.unfinished is not None:
+            case = ET.SubElement(suite, "testcase", classname=classname,
+                                 name="finished: the run reached its target")
+            counts["tests"] += 1
+            message = run.unfinished.message
+            if message in run.unknown:
+                ET.SubElement(case, "error", message=message).text = message
+                counts["errors"] += 1
+            elif run.unfinished.committed_steps < run.unfinished.target_steps:
+                ET.SubElement(case, "skipped", message=message)
+                counts["skipped"] += 1
         for name, statement in OBLIGATIONS.items():
             case = ET.SubElement(suite, "testcase", classname=classname,
                                  name=f"{name}: {statement}")
@@ -199,7 +223,7 @@ def render_junit(result: VerifyResult) -> str:
                 ET.SubElement(case, "failure", message=f"{total} anomalies: {found[0].message}",
                               type=found[0].kind).text = body
                 counts["failures"] += 1
-            elif run.unknown:
+            elif unreadable:
                 ET.SubElement(case, "skipped", message="not checked: the logs cannot support "
                                                        "a verdict")
                 counts["skipped"] += 1
@@ -232,8 +256,7 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
         out += [f"- cannot verify: {reason}", ""]
     for run in result.runs:
         out += [f"## {run.path}: {run.verdict}", ""]
-        for reason in run.unknown:
-            out.append(f"- cannot verify: {_md_escape(reason)}")
+        out += [f"- {_md_escape(line)}" for line in _unknown_lines(run)]
         if run.verdict == "PASS":
             out += [f"- {line}" for line in _proved(run)]
         out.append("")
@@ -251,13 +274,14 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
         if run.lineage:
             out += ["### Lineage", "",
                     "| attempt | world size | resumed from | logged steps | committed | replayed "
-                    "| status |", "|---:|---:|---:|---|---|---:|---|"]
+                    "| tentative | status |", "|---:|---:|---:|---|---|---:|---:|---|"]
             for s in run.lineage:
                 logged = f"{s.first_step}..{s.last_step}" if s.first_step is not None else "—"
                 committed = f"{s.committed[0]}..{s.committed[1]}" if s.committed else "—"
                 resumed = "fresh" if s.resumed_from_step is None else str(s.resumed_from_step)
                 out.append(f"| {s.attempt} | {s.world_size} | {resumed} | {logged} | "
-                           f"{committed} | {s.replayed_steps} | {s.status} |")
+                           f"{committed} | {s.replayed_steps} | {s.tentative_steps} | "
+                           f"{s.status} |")
             m = run.metrics
             out += ["", "### Goodput and checkpoint time", "", "| metric | value |", "|---|---:|"]
             for name, value in m.as_dict().items():

@@ -2,7 +2,9 @@
 
 ``PASS`` needs evidence: a run whose lineage checked nothing is ``UNKNOWN``, never ``PASS``
 (:attr:`RunResult.checked` says what was checked). ``FAIL`` wins over ``UNKNOWN``: a witness
-found in the readable part of the logs refutes the run whatever the unreadable part holds.
+found in the readable part of the logs refutes the run whatever the unreadable part holds. A run
+that has not finished (:class:`Unfinished`) is judged on its committed prefix: ``FAIL`` with a
+witness there, else ``UNKNOWN`` with one reason while steps remain.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "EXIT_CODES",
     "Metrics",
     "AttemptSummary",
+    "Unfinished",
     "CheckpointPoint",
     "Series",
     "RunResult",
@@ -51,6 +54,9 @@ class Metrics:
     """Attempts after the first."""
     replayed_steps: int = 0
     """Steps some attempt executed that are not in the committed lineage (recomputed work)."""
+    tentative_steps: int = 0
+    """Steps an unfinished final attempt ran after the last durable checkpoint (not committed
+    yet: a continuation runs them again)."""
     wall_s: float | None = None
     """First attempt's start to last attempt's end (restarts and replays included)."""
     goodput: float | None = None
@@ -95,6 +101,8 @@ class AttemptSummary:
     """Inclusive range of steps this attempt contributes to the committed lineage."""
     records: int
     replayed_steps: int
+    tentative_steps: int
+    """Unfinished final attempt: steps run after the last durable checkpoint."""
     start_time: float | None
     end_time: float | None
 
@@ -102,6 +110,34 @@ class AttemptSummary:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["committed"] = list(self.committed) if self.committed else None
         return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unfinished:
+    """A run that has not reached its target: stopped, still running, or given up.
+
+    Only what the durable state (``latest.json``) says was committed is held to the proof
+    obligations; the final attempt's records after it are tentative (a continuation runs those
+    steps again). ``message`` is the one-line account for people.
+    """
+
+    status: str
+    """The run's status in supervisor.json (or the final attempt's, when the run says
+    completed but its final attempt does not)."""
+    attempt: int
+    """The final attempt."""
+    last_step: int | None
+    """Last step every rank of the final attempt logged (None: not one)."""
+    durable_step: int | None
+    """Step of the last durable checkpoint a continuation would resume from (None: none, it
+    would start fresh)."""
+    committed_steps: int
+    """Steps 0..committed_steps-1 are the committed prefix held to every obligation."""
+    target_steps: int
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,6 +180,8 @@ class RunResult:
     metrics: Metrics = field(default_factory=Metrics)
     lineage: tuple[AttemptSummary, ...] = ()
     log_ids: bool | None = None
+    unfinished: Unfinished | None = None
+    """Set when the run has not finished (its verdict then covers the committed prefix)."""
     series: Series | None = None
 
     @property
@@ -162,6 +200,7 @@ class RunResult:
             "metrics": self.metrics.as_dict(),
             "lineage": [a.as_dict() for a in self.lineage],
             "log_ids": self.log_ids,
+            "unfinished": self.unfinished.as_dict() if self.unfinished else None,
         }
 
 

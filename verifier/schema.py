@@ -127,9 +127,6 @@ def read_inputs(root: str | Path) -> RunInputs:
         notes.append(Note(kind="supervisor", file="supervisor.json",
                           message=f"restarts is {supervisor.restarts} but "
                                   f"{len(attempts)} attempts are listed"))
-    if supervisor.status != "completed":
-        notes.append(Note(kind="supervisor", file="supervisor.json",
-                          message=f"the run's status is {supervisor.status!r}, not 'completed'"))
     for a in attempts:
         planned = manifest.world_size_of(a.attempt)
         if planned != a.world_size:

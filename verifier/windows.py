@@ -42,6 +42,12 @@ class RecordContext:
     """None when the world size does not divide the global batch (no shard exists)."""
     geometry: semantics.Geometry
     seed: int
+    tentative: bool = False
+    """The rows are tentative records of an unfinished run (after its last durable checkpoint):
+    judged the same, and their witnesses say so."""
+
+
+_TENTATIVE = " (a tentative record: after the last durable checkpoint of an unfinished run)"
 
 
 def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordContext,
@@ -49,8 +55,9 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     """Judge the committed rows of a slow-path batch.
 
     Returns how many shards were compared, and how many logged their shard's IDs in another
-    order (the same samples: not an anomaly). Only rows the committed lineage counts are
-    obligations; replayed rows are not judged.
+    order (the same samples: not an anomaly). Only the rows of ``committed`` are judged: the
+    committed lineage's, or an unfinished run's tentative records (``ctx.tentative``); replayed
+    rows are not judged.
     """
     rows = np.flatnonzero(committed)
     if rows.size == 0:
@@ -58,8 +65,10 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     steps = batch.steps[rows]
     lines = batch.first_line + rows
 
+    suffix = _TENTATIVE if ctx.tentative else ""
+
     def record(kind: str, i: int, message: str, **extra: object) -> Anomaly:
-        return Anomaly(kind=kind, message=message, file=ctx.file, line=int(lines[i]),
+        return Anomaly(kind=kind, message=message + suffix, file=ctx.file, line=int(lines[i]),
                        attempt=ctx.attempt, step=int(steps[i]), rank=ctx.rank,
                        **extra)  # type: ignore[arg-type]
 

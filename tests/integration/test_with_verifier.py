@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import Run
+from conftest import RUN_TIMEOUT_S, Run, ecrl
 
 from verifier import render_text, verify
 from verifier.mutations import self_test
@@ -62,3 +64,69 @@ def test_cli_exit_codes_on_real_runs(overlapped_run: Run, tmp_path: Path) -> Non
                          capture_output=True, text=True)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def _verify_json(root: Path) -> tuple[int, dict[str, object]]:
+    out = subprocess.run([sys.executable, "-m", "verifier.cli", str(root), "--format", "json"],
+                         capture_output=True, text=True)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, json.loads(out.stdout)["runs"][0]
+
+
+def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
+    """Ctrl-C on `ecrl run` (SIGINT to the supervisor), then `ecrl run --out` continues it."""
+    root = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecrl.cli", "run", "--out", str(root), "--dataset-size", "256",
+         "--global-batch", "8", "--steps", "160", "--ckpt-every", "20", "--world-sizes", "2",
+         "--strategy", "blocking", "--log-ids", "--seed", "7"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    latest = root / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    # Stop once two checkpoints are durable, so the committed prefix spans more than one.
+    while proc.poll() is None and time.monotonic() < deadline:
+        if latest.exists() and json.loads(latest.read_text())["global_step"] >= 39:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped:\n" + \
+        "".join(proc.communicate())
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 130, stdout + stderr
+    assert json.loads((root / "supervisor.json").read_text())["status"] == "stopped"
+    durable = json.loads(latest.read_text())["global_step"]
+
+    code, run = _verify_json(root)
+    assert (code, run["verdict"]) == (2, "UNKNOWN"), run
+    assert run["anomalies"] == [], run
+    unfinished = run["unfinished"]
+    assert isinstance(unfinished, dict)
+    assert unfinished["status"] == "stopped" and unfinished["durable_step"] == durable
+    assert unfinished["committed_steps"] == durable + 1 < 160
+    assert run["unknown"] == [unfinished["message"]]
+    # supervisor.json's last_step (every rank) agrees with the logs even after a mid-step stop.
+    assert not [w for w in run["warnings"] if w["kind"] == "supervisor"], run["warnings"]
+    message = str(unfinished["message"])
+    assert message.startswith("run not finished (status 'stopped' after step ")
+    assert f"steps 0..{durable} proved exactly once up to the last durable checkpoint" in message
+    assert f"steps {durable + 1}..159 not committed yet" in message
+    assert f"continue it with `ecrl run --out {root}`" in message
+
+    # The mutation catalogue on the real stopped run: every harmful mutation of its committed
+    # prefix or tentative records is caught, every benign one leaves it UNKNOWN.
+    outcome = self_test(root, workdir=tmp_path)
+    assert outcome.harmful > 0 and outcome.benign > 0
+    wrong = [t for t in outcome.trials if not t.ok]
+    assert not wrong, wrong
+    assert all(t.verdict == "UNKNOWN" for t in outcome.trials if not t.harmful)
+
+    done = ecrl("run", "--out", str(root), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, run = _verify_json(root)
+    assert (code, run["verdict"]) == (0, "PASS"), run
+    lineage = run["lineage"]
+    assert isinstance(lineage, list)
+    assert [a["status"] for a in lineage] == ["stopped", "completed"]
+    assert lineage[1]["resumed_from_step"] == durable
+    assert lineage[0]["committed"] == [0, durable] and lineage[0]["tentative_steps"] == 0
+    assert run["unfinished"] is None

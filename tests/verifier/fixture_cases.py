@@ -26,6 +26,9 @@ BASE: dict[str, Any] = dict(dataset_size=40, global_batch=4, target_steps=24,
                             strategy="blocking", chaos=5, seed=11)
 HASH = dict(BASE, log_ids=False)
 IDS = dict(BASE, log_ids=True)
+# Unfinished: the final attempt 2 (resumed from step 14, checkpoint at step 17) ends after step
+# 19 — rank 0 logged step 19, rank 1 only step 18 and then a torn line (a stop mid-step).
+STOPPED = dict(BASE, stop_at=19, end="stopped")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +40,8 @@ class Case:
     kinds: frozenset[str] = frozenset()
     mutation: str | None = None
     seed: int = 0
+    unfinished: dict[str, Any] | None = None
+    """For an unfinished run: its status, last durable checkpoint and committed prefix."""
     damage: Callable[[Path], None] | None = field(default=None, repr=False)
 
 
@@ -158,6 +163,36 @@ CASES: list[Case] = [
          kinds=frozenset({"extra_sample", "missing_sample", "shard_mismatch"}),
          description="a step consumed a sample ID outside the dataset instead of one of its own",
          spec=IDS),
+    # --- unfinished runs: a stop, a job in progress, a supervisor that gave up --------------
+    Case(name="unfinished-missing-record", verdict="FAIL", mutation="drop_record", seed=6,
+         kinds=frozenset({"missing_record"}),
+         unfinished=dict(status="stopped", durable_step=17, committed_steps=18),
+         description="a stopped run whose committed prefix lacks a record: FAIL, not UNKNOWN",
+         spec=dict(STOPPED, log_ids=False)),
+    Case(name="unfinished-tentative-shard", verdict="FAIL", mutation="tamper_tentative_hash",
+         kinds=frozenset({"shard_mismatch"}),
+         unfinished=dict(status="stopped", durable_step=17, committed_steps=18),
+         description="a stopped run: a record after the last durable checkpoint has a wrong "
+                     "shard (tentative records are still checked record by record)",
+         spec=dict(STOPPED, log_ids=False)),
+    Case(name="unknown-stopped", verdict="UNKNOWN",
+         unfinished=dict(status="stopped", durable_step=17, committed_steps=18),
+         description="Ctrl-C mid-step: ranks with unequal last steps and a torn line after the "
+                     "last durable checkpoint; steps 0..17 proved, 18..23 not committed yet",
+         spec=dict(STOPPED, log_ids=True)),
+    Case(name="unknown-stopped-before-checkpoint", verdict="UNKNOWN",
+         unfinished=dict(status="stopped", durable_step=None, committed_steps=0),
+         description="stopped before the first durable checkpoint: nothing committed yet",
+         spec=dict(IDS, world_sizes=(2,), fail_at=(), stop_at=1, chaos=5)),
+    Case(name="unknown-running", verdict="UNKNOWN",
+         unfinished=dict(status="running", durable_step=20, committed_steps=21),
+         description="a run still in progress (supervisor.json: running, no end time yet)",
+         spec=dict(HASH, stop_at=21, end="running", chaos=9)),
+    Case(name="unknown-gave-up", verdict="UNKNOWN",
+         unfinished=dict(status="failed", durable_step=17, committed_steps=18),
+         description="a third failure, after which the supervisor gave up at its restart "
+                     "limit (status failed)",
+         spec=dict(IDS, stop_at=19, end="failed", chaos=3)),
     # --- the logs cannot support a verdict --------------------------------------------------
     Case(name="unknown-missing-manifest", verdict="UNKNOWN",
          description="run.json is missing", spec=HASH,
@@ -195,6 +230,8 @@ def build(case: Case, target: Path) -> None:
         case.damage(target)
     expected = {"verdict": case.verdict, "kinds": sorted(case.kinds),
                 "description": case.description, "mutation": case.mutation, "where": where}
+    if case.unfinished is not None:
+        expected["unfinished"] = case.unfinished
     (target / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
 
 

@@ -50,7 +50,12 @@ def test_plans_resume_after_the_newest_durable_checkpoint(spec: RunSpec) -> None
         # Ranks passed the barrier of the newest checkpoint they wrote.
         assert min(a.rank_last) >= max(a.checkpoints, default=a.start - 1)
         durable += a.checkpoints
-    assert attempts[-1].last == spec.target_steps - 1 and not attempts[-1].failed
+    if spec.stop_at is None:
+        assert attempts[-1].last == spec.target_steps - 1 and not attempts[-1].failed
+        assert attempts[-1].status == "completed"
+    else:
+        assert attempts[-1].last == max(spec.stop_at, attempts[-1].start)
+        assert attempts[-1].failed and attempts[-1].status == spec.end
 
 
 @pytest.mark.parametrize(("spec", "message"), [

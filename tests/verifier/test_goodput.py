@@ -71,3 +71,39 @@ def test_loss_divergence_ignores_unknown_steps() -> None:
     assert loss_divergence(a, b) == (0.5, 0.5, 1)
     assert loss_divergence(a, None) == (None, None, None)
     assert loss_divergence(np.array([np.nan]), np.array([1.0])) == (None, None, 0)
+
+
+def test_metrics_of_an_unfinished_run(tmp_path: Path) -> None:
+    # Stopped after step 33 (a rank may be a step behind); the last durable checkpoint is 29.
+    run = make_run(tmp_path / "run", dataset_size=60, global_batch=4, target_steps=50,
+                   world_sizes=(2, 4), fail_at=(13,), ckpt_every=5, chaos=1, stop_at=33)
+    result = verify_run(run.root)
+    m = result.metrics
+    assert result.verdict == "UNKNOWN" and run.durable_step == 29
+    assert m.committed_steps == 30 == committed_steps(run.attempts)
+    # Steps after the durable checkpoint are tentative, not replayed (nothing re-ran them yet).
+    final = result.lineage[-1]
+    assert final.committed == (10, 29) and final.replayed_steps == 0
+    assert m.tentative_steps == final.tentative_steps == run.tentative_steps == 4
+    assert m.replayed_steps == run.replayed_steps == result.lineage[0].replayed_steps
+    assert m.wall_s and m.goodput == pytest.approx(30 / m.wall_s)
+    # The losses of an unfinished reference are compared over its committed prefix.
+    finished = make_run(tmp_path / "finished", dataset_size=60, global_batch=4, target_steps=50,
+                        world_sizes=(2,), chaos=1)
+    compared = verify(finished.root, reference=run.root).runs[0]
+    assert compared.metrics.loss_steps_compared == 30
+    assert [w.message for w in compared.warnings if w.kind == "reference"] == [
+        f"the reference run {run.root} is unfinished: losses are compared over its committed "
+        "steps 0..29"]
+
+
+def test_a_running_attempt_without_an_end_time_ends_at_its_last_record(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", target_steps=30, world_sizes=(2,), ckpt_every=5,
+                   stop_at=20, end="running")
+    supervisor = json.loads((run.root / "supervisor.json").read_text())
+    assert supervisor["status"] == "running" and supervisor["attempts"][-1]["end_time"] is None
+    m = verify_run(run.root).metrics
+    last = max(json.loads(line)["time"] for p in run.root.glob("logs/*/rank-*.jsonl")
+               for line in p.read_text().splitlines() if line.endswith("}"))
+    assert m.wall_s == pytest.approx(last - supervisor["attempts"][0]["start_time"])
+    assert m.committed_steps == 20

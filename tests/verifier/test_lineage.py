@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from verifier_helpers import make_run
+
 from ecrl.runformat import CheckpointEvent, SupervisorAttempt
-from verifier.lineage import build_lineage
-from verifier.schema import CheckpointRecord
+from verifier import verify_run
+from verifier.lineage import build_lineage, durable_step, is_finished, lineage_of
+from verifier.schema import CheckpointRecord, read_inputs
 
 
 def attempt(k: int, resumed: int | None, *, status: str = "failed", world: int = 2
@@ -77,3 +83,110 @@ def test_committed_has_no_lower_bound() -> None:
                           events(a0=[9])).plans[1]
     assert final.committed(3) and final.committed(10**9)
     assert plan.torn_ok and not final.torn_ok
+
+
+# --- unfinished runs: the final attempt is cut where a continuation would resume -------------
+
+
+def test_an_unfinished_final_attempt_commits_up_to_the_durable_checkpoint() -> None:
+    lineage = build_lineage([attempt(0, None), attempt(1, 9, status="stopped")],
+                            events(a0=[4, 9], a1=[14, 19]), finished=False, durable=19)
+    assert bounds(lineage) == [(0, True, 0, 9, None), (1, True, 10, 19, 0)]
+    assert [p.tentative for p in lineage.plans] == [False, True]
+    assert not lineage.finished and lineage.durable == 19
+    final = lineage.plans[1]
+    assert final.committed(19) and not final.committed(20)
+    assert not lineage.anomalies and not lineage.notes
+
+
+def test_an_unfinished_attempt_without_a_checkpoint_is_all_tentative() -> None:
+    lineage = build_lineage([attempt(0, None), attempt(1, 9, status="running")],
+                            events(a0=[4, 9]), finished=False, durable=9)
+    assert bounds(lineage) == [(0, True, 0, 9, None), (1, False, 10, 9, None)]
+    assert lineage.plans[1].tentative
+    (note,) = lineage.notes
+    assert note.kind == "off_chain" and note.message == (
+        "attempt 1 is not in the committed lineage: the run is unfinished and a continuation "
+        "resumes from step 9, a checkpoint of attempt 0; all of its steps are tentative")
+
+
+def test_an_unfinished_run_without_a_durable_checkpoint_commits_nothing() -> None:
+    lineage = build_lineage([attempt(0, None), attempt(1, None, status="stopped")],
+                            {}, finished=False, durable=None)
+    assert not lineage.chain
+    assert [n.message.split(": ")[1].split(";")[0] for n in lineage.notes] == [
+        "the run is unfinished and has no durable checkpoint, so a continuation starts fresh"] * 2
+    assert "count as replayed" in lineage.notes[0].message
+    assert "tentative" in lineage.notes[1].message
+
+
+def _unfinished(tmp_path: Path, **spec: object) -> Path:
+    return make_run(tmp_path / "run", dataset_size=40, global_batch=4, target_steps=30,
+                    world_sizes=(2,), ckpt_every=5, stop_at=17, **spec).root
+
+
+def test_durable_step_is_latest_json_backed_by_its_event(tmp_path: Path) -> None:
+    inputs = read_inputs(_unfinished(tmp_path))
+    assert not is_finished(inputs)
+    assert durable_step(inputs) == (14, None)
+    assert lineage_of(inputs).plans[0].hi == 14
+
+
+def test_durable_step_claims_less_when_latest_json_is_ahead_of_the_events(tmp_path: Path
+                                                                         ) -> None:
+    # A stop between publishing latest.json and writing the checkpoint event.
+    root = _unfinished(tmp_path)
+    pointer = root / "checkpoints" / "latest.json"
+    data = json.loads(pointer.read_text())
+    pointer.write_text(json.dumps({**data, "global_step": 16}))
+    step, note = durable_step(read_inputs(root))
+    assert step == 14 and note is not None and note.kind == "latest"
+    assert "no checkpoint event backs step 16" in note.message
+
+
+def test_an_unreadable_latest_json_gives_way_to_the_newest_event(tmp_path: Path) -> None:
+    root = _unfinished(tmp_path)
+    (root / "checkpoints" / "latest.json").write_text("{not json")
+    step, note = durable_step(read_inputs(root))
+    assert step == 14 and note is not None and note.message.startswith("unreadable")
+
+
+def test_without_latest_json_nothing_is_durable(tmp_path: Path) -> None:
+    root = _unfinished(tmp_path)
+    (root / "checkpoints" / "latest.json").unlink()
+    step, note = durable_step(read_inputs(root))
+    assert step is None and note is not None and "continuation starts fresh" in note.message
+    result = verify_run(root)
+    assert result.verdict == "UNKNOWN" and result.unfinished is not None
+    assert result.unfinished.committed_steps == 0
+
+
+def test_a_completed_supervisor_with_a_stopped_final_attempt_is_unfinished(tmp_path: Path
+                                                                          ) -> None:
+    root = _unfinished(tmp_path)
+    state = json.loads((root / "supervisor.json").read_text())
+    state["status"] = "completed"
+    (root / "supervisor.json").write_text(json.dumps(state))
+    inputs = read_inputs(root)
+    assert not is_finished(inputs)
+    result = verify_run(root)
+    assert result.verdict == "UNKNOWN" and result.unfinished is not None
+    assert result.unfinished.status == "stopped"
+
+
+def test_last_step_may_be_the_last_step_every_rank_logged(tmp_path: Path) -> None:
+    # The runtime records the last step *every* rank logged; after a stop mid-step one rank is
+    # a step ahead. Only a last_step outside that range is worth a warning.
+    root = make_run(tmp_path / "run", dataset_size=40, global_batch=4, target_steps=30,
+                    world_sizes=(2,), ckpt_every=5, stop_at=17, chaos=2).root
+    lasts = [max(json.loads(line)["global_step"] for line in p.read_text().split("\n")[:-1])
+             for p in sorted(root.glob("logs/*/rank-*"))]
+    assert sorted(lasts) == [16, 17]
+    path = root / "supervisor.json"
+    state = json.loads(path.read_text())
+    for claimed, warned in ((16, False), (17, False), (15, True)):
+        state["attempts"][0]["last_step"] = claimed
+        path.write_text(json.dumps(state))
+        notes = [w.message for w in verify_run(root).warnings if w.kind == "supervisor"]
+        assert notes == ([f"attempt 0: supervisor.json says last_step {claimed}, the logs end "
+                          "at step 16 (every rank) to 17 (some rank)"] if warned else [])

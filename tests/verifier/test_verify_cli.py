@@ -26,6 +26,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     good = make_run(base / "runs" / "good", world_sizes=(1, 2), fail_at=(6,), ckpt_every=3,
                     log_ids=False).root
     apply("truncate_final_attempt", good, base / "runs" / "bad", random.Random(0))
+    make_run(base / "stopped", world_sizes=(2,), ckpt_every=3, stop_at=20, log_ids=False)
     (base / "broken" / "logs").mkdir(parents=True)
     return base
 
@@ -41,7 +42,7 @@ def test_flags_are_pinned() -> None:
 
 @pytest.mark.parametrize(("target", "code", "first"), [
     ("runs/good", 0, "PASS"), ("runs/bad", 1, "FAIL"), ("broken", 2, "UNKNOWN"),
-    ("runs", 1, "FAIL"),
+    ("runs", 1, "FAIL"), ("stopped", 2, "UNKNOWN"),
 ])
 def test_exit_codes(runs: Path, target: str, code: int, first: str) -> None:
     out = cli(str(runs / target))

@@ -26,6 +26,17 @@ def test_fixture(case: Path) -> None:
     assert found == set(expected["kinds"]), text
     if expected["verdict"] == "UNKNOWN":
         assert all(run.unknown for run in result.runs), text
+    unfinished = expected.get("unfinished")
+    run = result.runs[0]
+    if unfinished is None:
+        assert run.unfinished is None, text
+    else:
+        assert run.unfinished is not None, text
+        got = {key: getattr(run.unfinished, key) for key in unfinished}
+        assert got == unfinished, text
+        if expected["verdict"] == "UNKNOWN":
+            # Unfinished and nothing else wrong: one reason, the run's account.
+            assert run.unknown == (run.unfinished.message,), text
 
 
 def test_fixtures_match_their_cases() -> None:
@@ -37,7 +48,8 @@ def test_every_kind_and_benign_case_has_a_fixture() -> None:
     assert kinds == set(KINDS)
     names = {p.name for p in DIRS}
     for benign in ("pass-replayed-steps", "pass-torn-tail", "pass-elastic-2-to-1",
-                   "pass-elastic-1-to-2", "pass-hash-only"):
+                   "pass-elastic-1-to-2", "pass-hash-only", "unknown-stopped", "unknown-running",
+                   "unknown-gave-up", "unknown-stopped-before-checkpoint"):
         assert benign in names
 
 
@@ -60,3 +72,27 @@ def test_benign_fixtures_show_what_they_claim() -> None:
     assert any(a.lost is not None for a in plan)
     fresh = _run("pass-fresh-restart").lineage  # type: ignore[attr-defined]
     assert fresh[1].resumed_from_step is None and fresh[0].committed is None
+
+
+def test_unfinished_fixtures_show_what_they_claim() -> None:
+    stopped = _run("unknown-stopped")
+    final = stopped.lineage[-1]  # type: ignore[attr-defined]
+    # A stop mid-step: the ranks' last steps differ, and a line was cut.
+    assert final.status == "stopped" and final.tentative_steps == 2
+    assert any(w.kind == "torn_line" and "attempt-002" in (w.file or "")
+               for w in stopped.warnings)  # type: ignore[attr-defined]
+    message = stopped.unfinished.message  # type: ignore[attr-defined]
+    assert message.startswith("run not finished (status 'stopped' after step 18): steps 0..17 "
+                              "proved exactly once up to the last durable checkpoint; steps "
+                              "18..23 not committed yet — continue it with `ecrl run --out ")
+    assert "continue it" in _run("unknown-gave-up").unfinished.message  # type: ignore[attr-defined]
+    running = _run("unknown-running").unfinished.message  # type: ignore[attr-defined]
+    assert "status 'running'" in running and "verify again when it has finished" in running
+    nothing = _run("unknown-stopped-before-checkpoint")
+    assert nothing.checked["committed_records"] == 0  # type: ignore[attr-defined]
+    assert "no durable checkpoint yet, so nothing is committed" in \
+        nothing.unfinished.message  # type: ignore[attr-defined]
+    # A FAIL in an unfinished run keeps the account as a warning.
+    failed = _run("unfinished-missing-record")
+    assert failed.warnings[0].kind == "unfinished"  # type: ignore[attr-defined]
+    assert not failed.unknown  # type: ignore[attr-defined]

@@ -24,17 +24,20 @@ from verifier.mutations import apply
 
 TOP_KEYS = {"verdict", "path", "unknown", "runs"}
 RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
-            "metrics", "lineage", "log_ids"}
+            "metrics", "lineage", "log_ids", "unfinished"}
 ANOMALY_KEYS = {"kind", "obligation", "message", "file", "line", "attempt", "step", "rank",
                 "epoch", "sample_ids", "expected", "actual", "related", "count"}
-METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "wall_s", "goodput", "stall_s",
-               "write_s", "snapshot_s", "enqueue_s", "backpressure_s", "checkpoints", "records",
-               "restart_s", "lost_s", "loss_max_abs_diff", "loss_mean_abs_diff",
-               "loss_steps_compared"}
+METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "tentative_steps", "wall_s",
+               "goodput", "stall_s", "write_s", "snapshot_s", "enqueue_s", "backpressure_s",
+               "checkpoints", "records", "restart_s", "lost_s", "loss_max_abs_diff",
+               "loss_mean_abs_diff", "loss_steps_compared"}
 ATTEMPT_KEYS = {"attempt", "world_size", "resumed_from_step", "status", "exit_code",
                 "first_step", "last_step", "committed", "records", "replayed_steps",
+                "tentative_steps",
                 "start_time", "end_time"}
 WARNING_KEYS = {"kind", "message", "file", "line"}
+UNFINISHED_KEYS = {"status", "attempt", "last_step", "durable_step", "committed_steps",
+                   "target_steps", "message"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     good = make_run(base / "good", world_sizes=(2, 1), fail_at=(9,), ckpt_every=4, chaos=2,
                     torn=True).root
     apply("duplicate_id", good, base / "bad", random.Random(1))
-    return {"good": good, "bad": base / "bad"}
+    # Apart: the test of a folder of runs expects the two above.
+    stopped = make_run(tmp_path_factory.mktemp("report-unfinished") / "stopped",
+                       world_sizes=(2, 1), fail_at=(9,), ckpt_every=4, chaos=2, stop_at=25).root
+    return {"good": good, "bad": base / "bad", "stopped": stopped}
 
 
 def test_json_schema_is_pinned(runs: dict[str, Path]) -> None:
@@ -58,6 +64,12 @@ def test_json_schema_is_pinned(runs: dict[str, Path]) -> None:
     assert all(set(w) == WARNING_KEYS for w in run["warnings"])
     assert {a["kind"] for a in run["anomalies"]} == set(run["anomaly_counts"])
     assert "duplicate_sample" in run["anomaly_counts"]
+    assert run["unfinished"] is None
+    stopped = json.loads(render_json(verify(runs["stopped"])))["runs"][0]
+    assert set(stopped) == RUN_KEYS and stopped["verdict"] == "UNKNOWN"
+    assert set(stopped["unfinished"]) == UNFINISHED_KEYS
+    assert stopped["unknown"] == [stopped["unfinished"]["message"]]
+    assert stopped["metrics"]["tentative_steps"] == stopped["lineage"][-1]["tentative_steps"]
 
 
 def test_duplicate_witness_names_both_records(runs: dict[str, Path]) -> None:
@@ -160,3 +172,28 @@ def test_reordered_ids_pass_with_a_warning(runs: dict[str, Path], tmp_path: Path
     assert run.verdict == "PASS"
     assert [w.message for w in run.warnings if w.kind == "sample_order"] == [
         "1 record logged their shard's IDs in another order (the same samples)"]
+
+
+def test_unfinished_run_in_text_junit_and_markdown(runs: dict[str, Path], tmp_path: Path
+                                                   ) -> None:
+    result = verify(runs["stopped"])
+    run = result.runs[0]
+    assert run.unfinished is not None and run.unfinished.durable_step == 23
+    lines = render_text(result).splitlines()
+    assert lines[0].startswith("UNKNOWN  ")
+    # The account, not "cannot verify": the committed prefix was verified.
+    assert lines[1] == f"  {run.unfinished.message}"
+    assert "steps 0..23 proved exactly once" in lines[1] and "tentative step" in lines[2]
+    suite = ET.fromstring(render_junit(result)).find("testsuite")
+    assert suite is not None
+    cases = {c.get("name", "").split(":")[0]: c for c in suite.findall("testcase")}
+    assert cases["finished"].find("error") is not None
+    assert cases["readable"].find("error") is None
+    # The obligations were checked over the committed prefix: they pass.
+    assert all(cases[name].find("failure") is None and cases[name].find("skipped") is None
+               for name in OBLIGATIONS)
+    assert suite.get("errors") == "1" and suite.get("tests") == str(2 + len(OBLIGATIONS))
+    write_report(verify(runs["stopped"], series=True), tmp_path / "r")
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert f"- {run.unfinished.message}" in report and "| tentative |" in report
+    assert "Not run: the run does not pass" in report

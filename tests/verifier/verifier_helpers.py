@@ -40,20 +40,25 @@ def make_run(root: Path, **spec: Any) -> GeneratedRun:
 
 
 @st.composite
-def run_specs(draw: st.DrawFn, *, log_ids: bool | None = None, max_steps: int = 40
-              ) -> RunSpec:
+def run_specs(draw: st.DrawFn, *, log_ids: bool | None = None, max_steps: int = 40,
+              unfinished: bool | None = None) -> RunSpec:
     """Whole runs from drawn parameters: geometry, world sizes (divisors of B), failures,
-    checkpoint interval, strategy, ID or hash logging."""
+    checkpoint interval, strategy, ID or hash logging, and (``unfinished``; None: drawn, about
+    one run in three) a final attempt that stopped, is still running or gave up."""
     batch = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12]))
     size = draw(st.integers(batch, 12 * batch + 7))
     steps = draw(st.integers(2, max_steps))
     divisors = [w for w in range(1, batch + 1) if batch % w == 0]
     worlds = tuple(draw(st.lists(st.sampled_from(divisors), min_size=1, max_size=4)))
     fails = sorted(draw(st.sets(st.integers(0, steps - 2), max_size=3)))
+    if unfinished is None:
+        unfinished = draw(st.integers(0, 2)) == 0
+    stop = draw(st.integers(max(fails, default=-1) + 1, steps - 1)) if unfinished else None
     return RunSpec(
         dataset_size=size, global_batch=batch, target_steps=steps,
         seed=draw(st.integers(0, 2**63 - 1)), world_sizes=worlds, fail_at=tuple(fails),
         ckpt_every=draw(st.sampled_from([0, 1, 2, 3, 5, 7])),
         strategy=draw(st.sampled_from(["none", "blocking", "overlapped", "sharded", "jit"])),
         log_ids=draw(st.booleans()) if log_ids is None else log_ids,
-        chaos=draw(st.integers(0, 2**32)), lag=draw(st.booleans()), torn=draw(st.booleans()))
+        chaos=draw(st.integers(0, 2**32)), lag=draw(st.booleans()), torn=draw(st.booleans()),
+        stop_at=stop, end=draw(st.sampled_from(["stopped", "running", "failed"])))
