@@ -19,8 +19,8 @@ until the writer reports the job done; when every slot is busy the trainer waits
 Messages, trainer → writer: ``slot`` (its descriptor follows), ``write`` (job, slot, size, step
 geometry, snapshot and back-pressure seconds), ``timing`` (the job's enqueue and stall seconds,
 known only after the post-checkpoint barrier), ``flush``, ``exit``. Writer → trainer: ``done``
-(job, commit result), ``flushed``, ``error``. The writer appends the checkpoint event once a job
-is both committed and timed.
+(job, commit result), ``flushed``, ``error``. The writer appends a job's checkpoint event once
+the file is durable and the job is timed, and only then publishes ``latest.json``.
 
 Lifetime: the writer dies with the trainer. It asks the kernel for SIGKILL when its parent exits
 (``PR_SET_PDEATHSIG``) and exits on end-of-file from the socket, so a killed trainer never leaves
@@ -258,71 +258,84 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+class _TrainerGone(Exception):
+    """End of file from the trainer: it exited or was killed."""
+
+
 def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> None:
     crash = CrashHook.from_env(attempt=attempt)
     buffers: dict[int, mmap.mmap] = {}
-    waiting: dict[int, tuple[dict[str, Any], CommitResult, float]] = {}
     timings: dict[int, dict[str, Any]] = {}
     events = JsonlWriter(paths.checkpoint_log(attempt))
 
-    def record(job: int) -> None:
-        if job not in waiting or job not in timings:
-            return
-        msg, result, queued = waiting.pop(job)
-        timing = timings.pop(job)
-        events.write(CheckpointEvent(
-            global_step=msg["global_step"], strategy="overlapped",
-            snapshot_s=msg["snapshot_s"], write_s=result.write_s + result.publish_s,
-            enqueue_s=timing["enqueue_s"], backpressure_s=msg["backpressure_s"],
-            stall_s=timing["stall_s"], bytes=result.bytes, path=result.path,
-            extra={"publish_s": result.publish_s, "queue_s": queued, "attempt": attempt},
-        ))
-
-    conn.send_bytes(b'{"op": "ready"}')
-    while True:
+    def receive() -> dict[str, Any]:
         try:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
-            return  # the trainer is gone: never publish anything after it
-        received = time.perf_counter()
-        msg = json.loads(raw)
-        op = msg["op"]
-        if op == "slot":
+            raise _TrainerGone from None
+        msg: dict[str, Any] = json.loads(raw)
+        if msg["op"] == "slot":
             fd = reduction.recv_handle(conn)
             if msg["slot"] in buffers:
                 buffers[msg["slot"]].close()
             buffers[msg["slot"]] = mmap.mmap(fd, msg["capacity"], flags=_MAP_FLAGS)
             os.close(fd)
-        elif op == "write":
-            key = msg["slot"]
-            started = time.perf_counter()
-            try:
-                result = commit_checkpoint(
-                    paths, memoryview(buffers[key]), msg["size"], global_step=msg["global_step"],
-                    epoch=msg["epoch"], cursor_step=msg["cursor_step"],
-                    world_size=msg["world_size"], keep=keep, crash=crash)
-            except OSError as exc:
-                conn.send_bytes(json.dumps({
-                    "op": "error", "job": msg["job"],
-                    "message": f"writing the checkpoint of step {msg['global_step']} failed: "
-                               f"{exc.strerror or exc} ({exc.filename or paths.checkpoints})",
-                }).encode())
-                return
-            waiting[msg["job"]] = (msg, result, started - received)
-            conn.send_bytes(json.dumps({
-                "op": "done", "job": msg["job"], "global_step": msg["global_step"],
-                "path": result.path, "checksum": result.checksum, "bytes": result.bytes,
-                "write_s": result.write_s, "publish_s": result.publish_s,
-            }).encode())
-            record(msg["job"])
-        elif op == "timing":
+        elif msg["op"] == "timing":
             timings[msg["job"]] = msg
-            record(msg["job"])
-        elif op == "flush":
-            conn.send_bytes(b'{"op": "flushed"}')
-        elif op == "exit":
-            events.close()
-            return
+        return msg
+
+    def write(msg: dict[str, Any], received: float) -> None:
+        job, started = msg["job"], time.perf_counter()
+
+        def record(written: CommitResult) -> None:
+            # The event must be on disk before latest.json names the checkpoint (persist.py),
+            # and it needs the stall the trainer measures after its barrier: the trainer sends
+            # that right after submitting, so it is normally here already. The messages that
+            # can precede it are slot announcements; a trainer that dies first publishes nothing.
+            while job not in timings:
+                receive()
+            timing = timings.pop(job)
+            events.write(CheckpointEvent(
+                global_step=msg["global_step"], strategy="overlapped",
+                snapshot_s=msg["snapshot_s"], write_s=written.write_s,
+                enqueue_s=timing["enqueue_s"], backpressure_s=msg["backpressure_s"],
+                stall_s=timing["stall_s"], bytes=written.bytes, path=written.path,
+                extra={"queue_s": started - received, "attempt": attempt},
+            ))
+
+        try:
+            result = commit_checkpoint(
+                paths, memoryview(buffers[msg["slot"]]), msg["size"],
+                global_step=msg["global_step"], epoch=msg["epoch"],
+                cursor_step=msg["cursor_step"], world_size=msg["world_size"], keep=keep,
+                crash=crash, before_publish=record)
+        except OSError as exc:
+            conn.send_bytes(json.dumps({
+                "op": "error", "job": job,
+                "message": f"writing the checkpoint of step {msg['global_step']} failed: "
+                           f"{exc.strerror or exc} ({exc.filename or paths.checkpoints})",
+            }).encode())
+            raise _TrainerGone from None
+        conn.send_bytes(json.dumps({
+            "op": "done", "job": job, "global_step": msg["global_step"],
+            "path": result.path, "checksum": result.checksum, "bytes": result.bytes,
+            "write_s": result.write_s, "publish_s": result.publish_s,
+        }).encode())
+
+    conn.send_bytes(b'{"op": "ready"}')
+    try:
+        while True:
+            msg = receive()
+            op = msg["op"]
+            if op == "write":
+                write(msg, time.perf_counter())
+            elif op == "flush":
+                conn.send_bytes(b'{"op": "flushed"}')
+            elif op == "exit":
+                events.close()
+                return
+    except _TrainerGone:
+        return  # the trainer is gone (or the disk failed): never publish anything after it
 
 
 def main(argv: Sequence[str] | None = None) -> int:

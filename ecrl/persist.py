@@ -5,10 +5,13 @@ The protocol, in this order (ARCHITECTURE.md, "Checkpoints"):
 1. seal the image (SHA-256 footer, :func:`ecrl.ckptfile.seal`);
 2. write ``checkpoints/step-GGGGGGGG.ckpt`` atomically: temporary file, flush, fsync, rename,
    directory fsync (:func:`ecrl.atomicio.atomic_write_bytes`);
-3. replace ``checkpoints/latest.json`` the same way, naming the file and its checksum;
-4. delete checkpoints older than the newest ``keep`` (never the one ``latest.json`` names).
+3. record the checkpoint: the caller's ``before_publish`` appends its event to
+   ``checkpoint_rank0.jsonl`` (so every checkpoint ``latest.json`` ever names has an event, which
+   is how the verifier knows a resumed attempt loaded a real checkpoint);
+4. replace ``checkpoints/latest.json`` the same way, naming the file and its checksum;
+5. delete checkpoints older than the newest ``keep`` (never the one ``latest.json`` names).
 
-A crash before step 3 completes leaves ``latest.json`` naming the previous checkpoint, which is
+A crash before step 4 completes leaves ``latest.json`` naming the previous checkpoint, which is
 still whole: step 4 of the previous commit never deleted it. ``ECRL_CRASH_AT`` lets tests kill the
 process between any two protocol steps (:class:`CrashHook`).
 """
@@ -123,8 +126,13 @@ def commit_checkpoint(
     world_size: int,
     keep: int,
     crash: CrashHook | None = None,
+    before_publish: Callable[[CommitResult], None] | None = None,
 ) -> CommitResult:
-    """Seal ``image[:size]``, write it durably, then point ``latest.json`` at it."""
+    """Seal ``image[:size]``, write it durably, then point ``latest.json`` at it.
+
+    ``before_publish`` runs once the file is durable and before ``latest.json`` names it (its
+    argument has ``publish_s = 0``); if it raises, nothing is published.
+    """
     t0 = time.perf_counter()
     checksum = seal(image, size)
     name = checkpoint_name(global_step)
@@ -133,6 +141,10 @@ def commit_checkpoint(
                        hook=crash.for_write("checkpoint") if crash else None)
     _drop_cached(directory / name)
     t1 = time.perf_counter()
+    if before_publish is not None:
+        before_publish(CommitResult(path=name, checksum=checksum, bytes=size + FOOTER_SIZE,
+                                    write_s=t1 - t0, publish_s=0.0))
+        t1 = time.perf_counter()
     pointer = LatestPointer(path=name, global_step=global_step, epoch=epoch,
                             cursor_step=cursor_step, world_size=world_size, time=time.time(),
                             checksum=checksum)

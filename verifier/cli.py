@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_quietly(text: str) -> None:
+    """Print, tolerating a reader that stops early (``ecrl-verify RUN | head``): the verdict is
+    in the exit code either way."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would complain again when it flushes stdout at exit; point it at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from verifier import render_json, render_junit, render_text, verify, write_report
@@ -38,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = verify(args.path, reference=args.reference, series=bool(args.report),
                         progress=progress if sys.stderr.isatty() else None)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
-        print(render(result))
+        _print_quietly(render(result))
         if args.report:
             written = write_report(result, args.report)
             print(f"ecrl-verify: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)

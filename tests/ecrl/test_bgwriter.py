@@ -112,3 +112,60 @@ def test_the_writer_dies_with_its_trainer(tmp_path: Path) -> None:
         time.sleep(0.05)
     else:
         pytest.fail(f"writer {pid} outlived its trainer")
+
+
+def test_latest_waits_for_the_event_which_waits_for_the_stall_figure(tmp_path: Path) -> None:
+    client = _start(tmp_path, max_inflight=2)
+    client.prepare(2000)
+    paths = RunPaths.of(tmp_path)
+    image, size = make_image(5)
+    slot, waited = client.acquire(size)
+    slot.view()[:size] = image[:size]
+    job = client.submit(slot, size=size, global_step=5, epoch=0, cursor_step=5, world_size=1,
+                        snapshot_s=0.001, backpressure_s=waited)
+    deadline = time.monotonic() + 30
+    while not (paths.checkpoints / checkpoint_name(5)).exists():
+        assert time.monotonic() < deadline, "the writer never wrote the file"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    # durable, but without its event (no stall figure yet) latest.json must not name it
+    assert read_latest(paths) is None
+    client.send_timing(job, enqueue_s=0.0001, stall_s=0.003)
+    client.close()
+    latest = read_latest(paths)
+    assert latest is not None and latest.global_step == 5
+    events = [e for _, e in JsonlReader(paths.checkpoint_log(0), CheckpointEvent,
+                                        torn_tail_ok=False)]
+    assert [(e.global_step, e.stall_s) for e in events] == [(5, 0.003)]
+
+
+_DIES_BEFORE_TIMING = """
+import os, sys, time
+sys.path.insert(0, {here!r})
+from ckpt_images import make_image
+from ecrl.bgwriter import WriterClient
+from pathlib import Path
+root = Path({root!r}); (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+client = WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=1)
+client.prepare(2000)
+image, size = make_image(9)
+slot, waited = client.acquire(size)
+slot.view()[:size] = image[:size]
+client.submit(slot, size=size, global_step=9, epoch=0, cursor_step=9, world_size=1,
+              snapshot_s=0.001, backpressure_s=waited)
+while not (root / "checkpoints" / "step-00000009.ckpt").exists():
+    time.sleep(0.005)
+os._exit(137)
+"""
+
+
+def test_a_trainer_dying_before_its_stall_figure_publishes_nothing(tmp_path: Path) -> None:
+    code = _DIES_BEFORE_TIMING.format(here=str(Path(__file__).parent), root=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 137, proc.stderr
+    time.sleep(0.3)  # let a (wrongly) surviving writer finish what it would do
+    paths = RunPaths.of(tmp_path)
+    assert read_latest(paths) is None
+    log = paths.checkpoint_log(0)
+    assert not log.exists() or log.read_bytes() == b""

@@ -105,3 +105,40 @@ def test_crash_hook_spec() -> None:
     for bad in ("checkpoint", "disk:done", "latest:after-lunch", "latest:done:x"):
         with pytest.raises(ValueError, match=CRASH_ENV):
             CrashHook(bad, attempt=0)
+
+
+def test_the_event_hook_runs_after_the_file_is_durable_and_before_latest_moves(
+        tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    paths.checkpoints.mkdir(parents=True)
+    _commit(paths, 3)
+    seen: list[tuple[int | None, bool]] = []
+
+    def record(written: object) -> None:
+        latest = read_latest(paths)
+        seen.append((latest.global_step if latest else None,
+                     (paths.checkpoints / checkpoint_name(7)).exists()))
+
+    image, size = make_image(7)
+    commit_checkpoint(paths, memoryview(image), size, global_step=7, epoch=0, cursor_step=7,
+                      world_size=1, keep=2, before_publish=record)
+    # during the hook the new file was already in place and latest.json still named step 3
+    assert seen == [(3, True)]
+    latest = read_latest(paths)
+    assert latest is not None and latest.global_step == 7
+
+
+def test_a_failing_event_hook_publishes_nothing(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    paths.checkpoints.mkdir(parents=True)
+    _commit(paths, 3)
+
+    def broken(written: object) -> None:
+        raise OSError("disk full")
+
+    image, size = make_image(7)
+    with pytest.raises(OSError):
+        commit_checkpoint(paths, memoryview(image), size, global_step=7, epoch=0,
+                          cursor_step=7, world_size=1, keep=2, before_publish=broken)
+    latest = read_latest(paths)
+    assert latest is not None and latest.global_step == 3

@@ -85,3 +85,15 @@ def test_report_flag_writes_the_report(runs: Path, tmp_path: Path) -> None:
     assert (tmp_path / "rep" / "report.md").is_file()
     assert (tmp_path / "rep" / "loss.png").is_file()
     assert "wrote" in out.stderr
+
+
+def test_a_reader_that_stops_early_keeps_the_verdict(runs: Path) -> None:
+    # `ecrl-verify RUNS | head -1`: the pipe closes before the report is written
+    proc = subprocess.Popen([sys.executable, "-m", "verifier.cli", str(runs / "runs"),
+                             "--format", "json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has printed anything: its print meets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1  # FAIL, not "error" (2)
+    assert "Broken pipe" not in err and "Traceback" not in err
