@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ecrl import statepack
 from ecrl.bgwriter import WriterClient
 from ecrl.ckptfile import FOOTER_SIZE, CheckpointError
-from ecrl.persist import CommitResult, CrashHook, commit_checkpoint
+from ecrl.persist import CrashHook, commit_checkpoint
 from ecrl.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.semantics import Geometry
 
@@ -144,31 +144,26 @@ class BlockingCheckpoints(Strategy):
             statepack.snapshot_into(state, memoryview(buffer))
             snapshot_s = time.perf_counter() - t1
             epoch, cursor = ctx.geometry.locate(step)
-            events = self._events
-
-            def record(written: CommitResult) -> None:
-                # The barrier ends the stall; the event must precede latest.json (persist.py),
-                # so rank 0 publishes the pointer (a few ms) while the others train on.
-                _barrier(ctx)
-                assert events is not None
-                events.write(CheckpointEvent(
-                    global_step=step, strategy=self.name, snapshot_s=snapshot_s,
-                    write_s=written.write_s, enqueue_s=0.0, backpressure_s=0.0,
-                    stall_s=time.perf_counter() - t0, bytes=written.bytes, path=written.path,
-                    extra={"attempt": ctx.attempt},
-                ))
-
             try:
-                commit_checkpoint(
+                result = commit_checkpoint(
                     ctx.paths, memoryview(buffer), state.layout.size, global_step=step,
                     epoch=epoch, cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep,
-                    crash=self._crash, before_publish=record)
+                    crash=self._crash)
             except OSError as exc:  # disk full, permissions: a restart would not help
                 raise CheckpointError(
                     f"writing the checkpoint of step {step} failed: {exc.strerror or exc} "
                     f"({exc.filename or ctx.paths.checkpoints})") from None
-        else:
-            _barrier(ctx)
+        _barrier(ctx)
+        if ctx.rank == 0 and self._events is not None:
+            # After the barrier, so that stall_s covers the whole boundary, publication included.
+            # A crash between publishing and this line leaves latest.json naming a checkpoint
+            # without its event; the supervisor's resume_points testify for it (docs/strategies.md).
+            self._events.write(CheckpointEvent(
+                global_step=step, strategy=self.name, snapshot_s=snapshot_s,
+                write_s=result.write_s + result.publish_s, enqueue_s=0.0, backpressure_s=0.0,
+                stall_s=time.perf_counter() - t0, bytes=result.bytes, path=result.path,
+                extra={"publish_s": result.publish_s, "attempt": ctx.attempt},
+            ))
 
     def close(self) -> None:
         if self._events is not None:

@@ -420,8 +420,16 @@ class Supervisor:
             resumed_from_step=None if pointer is None else pointer.global_step,
             first_step=None, last_step=None, exit_code=None, status="running",
             start_time=time.time(), end_time=None)
+        extra = dict(self.state.extra)
+        if pointer is not None:
+            # The supervisor's own testimony (it verified the checksum just before): evidence
+            # of the resume point for ecrl-verify should the writer have died after publishing
+            # latest.json but before logging the checkpoint event.
+            extra["resume_points"] = {**extra.get("resume_points", {}), str(attempt): {
+                "global_step": pointer.global_step, "path": pointer.path,
+                "checksum": pointer.checksum}}
         self.state = replace(self.state, attempts=[*self.state.attempts, record],
-                             restarts=len(self.state.attempts))
+                             restarts=len(self.state.attempts), extra=extra)
         self._save()
         how = "fresh start" if pointer is None else f"resume after step {pointer.global_step}"
         start = 0 if pointer is None else pointer.global_step + 1

@@ -19,6 +19,11 @@ starting point; then the predecessor's work is thrown away, not committed twice.
 Which checkpoints exist is read from the checkpoint events (``checkpoint_rank0.jsonl``): a resume
 from a step no earlier attempt recorded a checkpoint at is an ``unknown_checkpoint`` anomaly, and
 the lineage falls back to the previous attempt so that the rest of the check stays meaningful.
+One exception: the ``blocking`` strategy logs its event just after publishing ``latest.json``, so
+a crash in between leaves a real checkpoint without an event. The supervisor verifies every
+checkpoint it resumes from and records it in ``supervisor.json`` (``resume_points``); a resume
+point so attested is accepted, with a warning, its writer being the newest earlier attempt that
+ran that step.
 
 *Unfinished runs.* A run that was stopped (Ctrl-C, SIGTERM), is still running, or gave up at the
 restart limit has no final attempt that completed. Its final attempt is treated exactly like a
@@ -149,19 +154,45 @@ def durable_step(inputs: RunInputs) -> tuple[int | None, Note | None]:
 def lineage_of(inputs: RunInputs) -> Lineage:
     """The committed lineage of a run, finished or not (the module docstring has the rule)."""
     attempts, checkpoints = inputs.supervisor.attempts, inputs.checkpoints
+    attested = attested_resume_points(inputs.supervisor.extra)
     if is_finished(inputs):
-        return build_lineage(attempts, checkpoints)
+        return build_lineage(attempts, checkpoints, attested=attested)
     durable, note = durable_step(inputs)
-    lineage = build_lineage(attempts, checkpoints, finished=False, durable=durable)
+    lineage = build_lineage(attempts, checkpoints, finished=False, durable=durable,
+                            attested=attested)
     if note is None:
         return lineage
     return Lineage(plans=lineage.plans, anomalies=lineage.anomalies,
                    notes=(note, *lineage.notes), finished=False, durable=durable)
 
 
+def attested_resume_points(extra: Mapping[str, object]) -> dict[int, int]:
+    """``supervisor.json``'s ``resume_points``: attempt → the step of the checkpoint the
+    supervisor verified before launching it (malformed entries are ignored)."""
+    found: dict[int, int] = {}
+    points = extra.get("resume_points")
+    if isinstance(points, dict):
+        for key, point in points.items():
+            step = point.get("global_step") if isinstance(point, dict) else None
+            if isinstance(key, str) and key.isdigit() and isinstance(step, int) \
+                    and not isinstance(step, bool):
+                found[int(key)] = step
+    return found
+
+
+def _ran(attempts: Sequence[SupervisorAttempt], step: int, before: int) -> int | None:
+    """The newest attempt before ``before`` that completed ``step`` (per supervisor.json)."""
+    for a in reversed(attempts[:before]):
+        if a.first_step is not None and a.last_step is not None \
+                and a.first_step <= step <= a.last_step:
+            return a.attempt
+    return None
+
+
 def build_lineage(attempts: Sequence[SupervisorAttempt],
                   checkpoints: Mapping[int, Sequence[CheckpointRecord]], *,
-                  finished: bool = True, durable: int | None = None) -> Lineage:
+                  finished: bool = True, durable: int | None = None,
+                  attested: Mapping[int, int] | None = None) -> Lineage:
     """Rebuild the chain of attempts from ``supervisor.json`` and the checkpoint events.
 
     ``finished=False``: the final attempt did not complete; the chain is walked back from a
@@ -189,6 +220,15 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
             bounds[k] = (lo, hi, None)
             break
         writer = _writer(checkpoints, c, k)
+        if writer is None and (attested or {}).get(k) == c:
+            writer = _ran(attempts, c, k)
+            if writer is not None:
+                notes.append(Note(
+                    kind="attested_checkpoint", file="supervisor.json",
+                    message=f"attempt {k} resumed from step {c}, which has no checkpoint event "
+                            "(its writer died between publishing latest.json and logging the "
+                            f"event); the supervisor verified that checkpoint before launching "
+                            f"attempt {k}, and attempt {writer} ran step {c}"))
         if writer is None:
             recorded = sorted({r.event.global_step for j in range(k)
                                for r in checkpoints.get(j, ())})

@@ -38,6 +38,12 @@ def test_restarts_and_replays_are_counted_on_a_real_failure_run(blocking_run: Ru
     result = verify(str(blocking_run.root))
     supervisor = json.loads((blocking_run.root / "supervisor.json").read_text())
     assert result.runs[0].metrics.restarts == supervisor["restarts"] > 0
+    # every resumed attempt carries the supervisor's testimony of the checkpoint it verified
+    points = supervisor["resume_points"]
+    resumed = {str(a["attempt"]): a["resumed_from_step"] for a in supervisor["attempts"]
+               if a["resumed_from_step"] is not None}
+    assert resumed and {k: v["global_step"] for k, v in points.items()} == resumed
+    assert all(v["checksum"].startswith("sha256:") for v in points.values())
 
 
 def test_mutations_of_a_real_run_are_caught(demo_run: Run, tmp_path: Path) -> None:

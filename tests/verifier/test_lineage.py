@@ -190,3 +190,43 @@ def test_last_step_may_be_the_last_step_every_rank_logged(tmp_path: Path) -> Non
         notes = [w.message for w in verify_run(root).warnings if w.kind == "supervisor"]
         assert notes == ([f"attempt 0: supervisor.json says last_step {claimed}, the logs end "
                           "at step 16 (every rank) to 17 (some rank)"] if warned else [])
+
+
+def ran(k: int, resumed: int | None, first: int, last: int, *, status: str = "failed"
+        ) -> SupervisorAttempt:
+    return SupervisorAttempt(attempt=k, world_size=2, resumed_from_step=resumed, first_step=first,
+                             last_step=last, exit_code=137 if status == "failed" else 0,
+                             status=status, start_time=float(k), end_time=float(k) + 0.5)
+
+
+def test_a_resume_point_without_event_needs_the_supervisors_testimony() -> None:
+    # The blocking writer died between publishing latest.json (step 19) and logging its event.
+    attempts = [ran(0, None, 0, 23), ran(1, 19, 20, 59, status="completed")]
+    bare = build_lineage(attempts, events(a0=[9]))
+    assert [a.kind for a in bare.anomalies] == ["unknown_checkpoint"]
+    attested = build_lineage(attempts, events(a0=[9]), attested={1: 19})
+    assert not attested.anomalies
+    assert bounds(attested) == [(0, True, 0, 19, None), (1, True, 20, None, 0)]
+    assert [n.kind for n in attested.notes] == ["attested_checkpoint"]
+    # testimony for another step, or from an attempt that never ran the step, is no evidence
+    assert build_lineage(attempts, events(a0=[9]), attested={1: 9}).anomalies
+    never_ran = [ran(0, None, 0, 15), ran(1, 19, 20, 59, status="completed")]
+    assert build_lineage(never_ran, events(a0=[9]), attested={1: 19}).anomalies
+
+
+def test_testimony_is_read_from_supervisor_json(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", world_sizes=(2,), fail_at=(14,), ckpt_every=5,
+                   log_ids=False).root
+    state = json.loads((run / "supervisor.json").read_text())
+    resumed = state["attempts"][1]["resumed_from_step"]
+    log = run / "logs" / "attempt-000" / "checkpoint_rank0.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    kept = [x for x in lines if json.loads(x)["global_step"] != resumed]
+    assert len(kept) == len(lines) - 1
+    log.write_bytes(b"".join(kept))
+    assert verify_run(run).verdict == "FAIL"  # no event, no testimony
+    state["resume_points"] = {"1": {"global_step": resumed, "path": "x", "checksum": "sha256:0"}}
+    (run / "supervisor.json").write_text(json.dumps(state))
+    result = verify_run(run)
+    assert result.verdict == "PASS", result
+    assert any("supervisor verified" in str(w) for w in result.warnings)
