@@ -351,8 +351,14 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
             exit_code=_EXIT_CODES[a.status], status=a.status,
             start_time=round(start_time, 6), end_time=None if running else end_time))
         now = end_time + (spec.restart_s if a.failed else 0.0)
+    # As the runtime's supervisor does: the checkpoint it verified before each resume.
+    resume_points = {str(a.attempt): {"global_step": a.resumed_from,
+                                      "path": f"step-{a.resumed_from:08d}.pt",
+                                      "checksum": f"sha256:{a.resumed_from:064x}"}
+                     for a in attempts if a.resumed_from is not None}
     write_json_record(paths.supervisor, SupervisorState(
-        attempts=supervisor_attempts, restarts=len(attempts) - 1, status=spec.run_status))
+        attempts=supervisor_attempts, restarts=len(attempts) - 1, status=spec.run_status,
+        extra={"resume_points": resume_points} if resume_points else {}))
     if latest is not None:
         write_json_record(paths.latest, latest)
     else:

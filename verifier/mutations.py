@@ -17,6 +17,7 @@ reports the kill rate over a sample of generated runs.
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import tempfile
@@ -472,9 +473,16 @@ def _stray_rank_file(view: RunView, rng: random.Random) -> Outcome | None:
                  "misplaced_record")
 
 
-def _drop_checkpoint_event(view: RunView, rng: random.Random) -> Outcome | None:
+def _drop_checkpoint_event(view: RunView, rng: random.Random, *, keep_testimony: bool = False
+                           ) -> Outcome | None:
+    """Delete the event of a checkpoint a resume loaded. With the supervisor's testimony of that
+    checkpoint (``resume_points``) this is the trace of a writer killed between publishing and
+    logging, and benign; without it the resume point has no provenance."""
+    points = view.supervisor.extra.get("resume_points")
+    points = points if isinstance(points, dict) else {}
     plans = [p for p in view.plans if p.on_chain and p.resumed_from is not None
-             and p.writer is not None]
+             and p.writer is not None
+             and (not keep_testimony or str(p.attempt) in points)]
     plan = _pick(rng, plans)
     if plan is None:
         return None
@@ -494,9 +502,16 @@ def _drop_checkpoint_event(view: RunView, rng: random.Random) -> Outcome | None:
             changed.append(path.relative_to(view.root).as_posix())
     if not changed:
         return None
-    return _fail("drop_checkpoint_event",
-                 f"{', '.join(changed)}: event of step {plan.resumed_from} removed",
-                 "unknown_checkpoint")
+    where = f"{', '.join(changed)}: event of step {plan.resumed_from} removed"
+    if keep_testimony:
+        return _benign(view, "lose_checkpoint_event", where)
+    if str(plan.attempt) in points:
+        path = RunPaths.of(view.root).supervisor
+        data = orjson.loads(path.read_bytes())
+        del data["resume_points"][str(plan.attempt)]
+        path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+        where += f", and the supervisor's testimony for attempt {plan.attempt}"
+    return _fail("drop_checkpoint_event", where, "unknown_checkpoint")
 
 
 def _reorder(view: RunView, rng: random.Random) -> Outcome | None:
@@ -731,8 +746,11 @@ CATALOGUE: tuple[Mutation, ...] = (
              _drop_rank_file),
     Mutation("stray_rank_file", "add a log for a rank outside the attempt's world", True,
              _stray_rank_file),
-    Mutation("drop_checkpoint_event", "delete the checkpoint event a resume loaded", True,
-             _drop_checkpoint_event),
+    Mutation("drop_checkpoint_event", "delete the checkpoint event a resume loaded and the "
+             "supervisor's testimony of it", True, _drop_checkpoint_event),
+    Mutation("lose_checkpoint_event", "delete the checkpoint event a resume loaded, keeping "
+             "the supervisor's testimony (a writer killed between publishing and logging)",
+             False, functools.partial(_drop_checkpoint_event, keep_testimony=True)),
     Mutation("reorder_records", "swap two adjacent committed records", True, _reorder),
     Mutation("extra_step", "run every rank of the final attempt one step past the target",
              True, _extra_step),

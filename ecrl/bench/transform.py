@@ -10,8 +10,9 @@
   ``torch.save`` of the same live objects, taken by a hook at the same hint execution of the
   original program.
 
-Target: with the scheduled hints the program's time per step is within the allowance ``o`` it
-was given (``1 + o`` times the original's).
+Target: with the scheduled hints the program's training time is within the allowance ``o`` it
+was given (``1 + o`` times the original's), judged on whole runs of the longer variant; the
+per-step rows (a difference of two runs) are shown too but double the timing noise.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _live_names(src: Path) -> list[str]:
 
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     epochs = (1, 3) if quick else (2, 6)
-    repeats = 1 if quick else 4
+    repeats = 1 if quick else 5
     rows: list[BenchRow] = []
     targets: list[Target] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,12 +170,24 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             candidate_value=saves * float(median),
             alternative_value=overhead * steps * per_step["original"],
             note="the same question as the target, without the noise of timing whole runs"))
-        ratio = per_step["scheduled"] / per_step["original"]
+        # The target is judged on whole runs of the longer variant (training time from the end
+        # of imports, fastest of the repeats): the per-step rows difference two runs, which
+        # doubles the noise of a shared machine.
+        whole = {name: min(t[epochs[1]]) for name, t in times.items()}
+        for name in ("scheduled", "every hint"):
+            rows.append(BenchRow(
+                candidate=f"transformed, {name}", alternative="original program",
+                metric=f"seconds of training, {epochs[1]} epochs, from the end of imports "
+                       "(lower is better)",
+                candidate_value=whole[name], alternative_value=whole["original"]))
+        ratio = whole["scheduled"] / whole["original"]
         targets.append(Target(
             description=f"scheduled hints run within the allowance o = {overhead:g} "
-                        f"(≤ {1 + overhead:.2f}× the original per step; {saves} checkpoints "
-                        f"in {epochs[1] * STEPS_PER_EPOCH} steps)",
-            measured=f"{ratio:.3f}×", met=ratio <= 1 + overhead))
+                        f"(≤ {1 + overhead:.2f}× the original's training time; {saves} "
+                        f"checkpoints in {epochs[1] * STEPS_PER_EPOCH} steps)",
+            measured=f"{ratio:.3f}× (per-step estimate "
+                     f"{per_step['scheduled'] / per_step['original']:.3f}×)",
+            met=ratio <= 1 + overhead))
 
         progress("bytes per checkpoint")
         src = programs["original"][epochs[1]]
