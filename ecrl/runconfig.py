@@ -17,6 +17,7 @@ from typing import Any
 
 from ecrl import semantics
 from ecrl.errors import ConfigError, SemanticsError
+from ecrl.runformat import STRATEGIES
 
 __all__ = [
     "STRATEGIES",
@@ -28,7 +29,6 @@ __all__ = [
     "parse_int_list",
 ]
 
-STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
 BUILT_STRATEGIES = ("none", "blocking", "overlapped")
 MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")

@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
 __all__ = [
     "SCHEMA_VERSION",
+    "STRATEGIES",
     "RunManifest",
     "SupervisorAttempt",
     "SupervisorState",
@@ -72,6 +73,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
+"""Checkpoint strategies a manifest may name (the runtime builds the first three so far)."""
 
 loads = _loads
 dumps = _dumps
@@ -218,7 +221,7 @@ class RunManifest(_Record):
     log_ids: bool
     """Whether step records carry full ``sample_ids`` (else count + hash only)."""
     strategy: str
-    """Checkpoint strategy: none, blocking, overlapped, sharded or jit."""
+    """Checkpoint strategy: one of :data:`STRATEGIES`."""
     ckpt_every: int
     """Checkpoint every K committed steps (0: never)."""
     fail_at: list[int]

@@ -41,6 +41,7 @@ import orjson
 from ecrl import semantics
 from ecrl.runformat import (
     SCHEMA_VERSION,
+    STRATEGIES,
     CheckpointEvent,
     JsonlWriter,
     LatestPointer,
@@ -58,7 +59,6 @@ __all__ = ["RunSpec", "AttemptPlanned", "GeneratedRun", "generate_run", "plan_ru
 
 T0 = 1_795_392_000.0
 """Wall-clock start of generated runs (2026-11-22, as in docs/run-format.md)."""
-STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
 _EXIT_CODES: dict[str, int | None] = {"completed": 0, "failed": 137, "stopped": 1,
                                       "running": None}
 """An attempt's exit code by status (a stopped torchrun exits 1; a running one has none yet)."""
