@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ENTRY = {
-    "ecrl": "ecrl.cli",
+    "ecrl": "ecrl.apps.cli",
     "ecrl-verify": "verifier.cli",
     "ecrl-transform": "transform.cli",
 }
@@ -73,7 +73,7 @@ def test_bench_sampler_quick_json(tmp_path: Path) -> None:
 
 
 def test_docs_section_is_replaced_not_appended(tmp_path: Path) -> None:
-    from ecrl.bench._common import BenchResult, BenchRow, write_docs_section
+    from ecrl.apps.bench._common import BenchResult, BenchRow, write_docs_section
 
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\nintro kept\n")

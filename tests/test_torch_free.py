@@ -9,10 +9,10 @@ import pytest
 
 TORCH_FREE = [
     "ecrl",
-    "ecrl.semantics",
-    "ecrl.runformat",
-    "ecrl.atomicio",
-    "ecrl.cli",
+    "ecrl.contract.semantics",
+    "ecrl.contract.runformat",
+    "ecrl.contract.atomicio",
+    "ecrl.apps.cli",
     "verifier",
     "verifier.cli",
     "transform",
@@ -32,6 +32,6 @@ def test_module_does_not_import_torch(module: str) -> None:
 
 def test_the_check_can_fail() -> None:
     # Guard against a vacuous check: a module that does import torch is caught.
-    code = "import sys, ecrl.bench._common, torch; print('torch' in sys.modules)"
+    code = "import sys, ecrl.apps.bench._common, torch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

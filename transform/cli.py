@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ecrl.errors import EcrlError
+from ecrl.contract.errors import EcrlError
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace, source: str, code: str) -> int:
-    from ecrl.atomicio import atomic_write_text
+    from ecrl.contract.atomicio import atomic_write_text
 
     if args.check:
         target = Path(args.output) if args.output else Path(args.src)

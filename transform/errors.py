@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ecrl.errors import ConfigError, EcrlError
+from ecrl.contract.errors import ConfigError, EcrlError
 
 __all__ = ["TransformError", "ScheduleError", "SourceIssue", "SourceError"]
 

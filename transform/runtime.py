@@ -27,9 +27,9 @@ saved values that referred to them (an optimizer's parameters) refer to the rebu
 
 The resume state is one file, ``resume.ckpt``, in ``ECRL_CKPT_DIR`` (else the directory given by
 ``--ckpt-dir`` at transform time, else ``.ecrl-ckpt/<script stem>/`` under the working
-directory), written with :mod:`ecrl.atomicio`'s protocol by rank 0 only (``RANK``), checked by a
-SHA-256 of its payload and of the program it belongs to, and removed when the program ends
-normally. torch is imported only when the program has imported it itself.
+directory), written with :mod:`ecrl.contract.atomicio`'s protocol by rank 0 only (``RANK``),
+checked by a SHA-256 of its payload and of the program it belongs to, and removed when the program
+ends normally. torch is imported only when the program has imported it itself.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ecrl.atomicio import atomic_write_bytes, fsync_dir
+from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
 from transform._firing import fires
 
 __all__ = ["Program", "Activation", "CheckpointError", "STATE_FILE", "DEFAULT_ROOT"]
@@ -62,7 +62,7 @@ _MAGIC = b"ECRL-RESUME\n"
 _FORMAT = 1
 KILL_ENV = "ECRL_TRANSFORM_KILL_AT"
 """Failure injection for tests: ``N`` (SIGKILL right after the N-th save of this process) or
-``N:POINT`` (during the N-th save, at an :data:`ecrl.atomicio.CRASH_POINTS` step)."""
+``N:POINT`` (during the N-th save, at an :data:`ecrl.contract.atomicio.CRASH_POINTS` step)."""
 
 
 class CheckpointError(SystemExit):

@@ -4,17 +4,18 @@ A verifier that builds one Python object per field of every record runs at a thi
 of merely parsing the file, and the runs it checks have tens of millions of records. So each
 block of lines goes through one of two paths that return the same :class:`Batch`:
 
-*Fast path.* The runtime writes records with :class:`ecrl.runformat.JsonlWriter`: compact JSON
-whose first ten keys are always ``schema_version, attempt, global_step, epoch, cursor_step, rank,
-world_size, local_batch, sample_ids_count, sample_ids_hash`` in that order. For a rank log whose
-next records are correct, every byte of that *prefix* is predictable: the attempt, rank, world
+*Fast path.* The runtime writes records with :class:`ecrl.contract.runformat.JsonlWriter`: compact
+JSON whose first ten keys are always ``schema_version, attempt, global_step, epoch, cursor_step,
+rank, world_size, local_batch, sample_ids_count, sample_ids_hash`` in that order. For a rank log
+whose next records are correct, every byte of that *prefix* is predictable: the attempt, rank, world
 size and local batch are fixed, the steps continue from the last one, ``(epoch, cursor_step)``
-follow from the step, and the hash is the expected shard's hash (:mod:`ecrl.semantics`). The fast
-path builds the expected prefixes of the whole block with numpy and compares them byte for byte
-with the lines (one gather of each line's first ``P`` bytes through a sliding-window view). That
-single comparison proves all ten fields of every record in the block. The rest of each line (loss,
-time, sample IDs, extra fields) is still parsed by orjson, but as small objects: the prefixes are
-overwritten with spaces, newlines with commas, and the block is parsed as one JSON array.
+follow from the step, and the hash is the expected shard's hash (:mod:`ecrl.contract.semantics`).
+The fast path builds the expected prefixes of the whole block with numpy and compares them byte for
+byte with the lines (one gather of each line's first ``P`` bytes through a sliding-window view).
+That single comparison proves all ten fields of every record in the block. The rest of each line
+(loss, time, sample IDs, extra fields) is still parsed by orjson, but as small objects: the
+prefixes are overwritten with spaces, newlines with commas, and the block is parsed as one JSON
+array.
 
 That array parse is exactly equivalent to parsing each line on its own, because (1) the block
 has exactly one ``{`` per line, at its first byte, and one ``}`` per line, at its last byte, so
@@ -25,8 +26,9 @@ trailing comma; requiring ``loss`` and ``time`` rules that out, and requiring th
 repeats a prefix key rules out JSON's last-duplicate-wins silently overriding a checked field.
 
 *Slow path.* Anything else — the first deviation from the expected records, a different writer,
-damaged lines — goes line by line through :meth:`ecrl.runformat.StepRecord.from_dict`, which
-names ``file:line`` for every schema error, and yields the columns for the checker to judge. The
+damaged lines — goes line by line through
+:meth:`ecrl.contract.runformat.StepRecord.from_dict`, which names ``file:line`` for every schema
+error, and yields the columns for the checker to judge. The
 fast path never accepts a block the slow path would reject or read differently; a property test
 (``tests/verifier/test_scan.py``) holds it to that.
 """
@@ -45,9 +47,9 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
-from ecrl import semantics
-from ecrl.errors import RunFormatError
-from ecrl.runformat import SCHEMA_VERSION, StepRecord, loads
+from ecrl.contract import semantics
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import SCHEMA_VERSION, StepRecord, loads
 
 __all__ = ["Batch", "RankLog", "PREFIX_KEYS", "BLOCK_BYTES"]
 

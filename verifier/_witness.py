@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ecrl import semantics
-from ecrl.errors import RunFormatError
-from ecrl.runformat import JsonlReader, StepRecord
+from ecrl.contract import semantics
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import JsonlReader, StepRecord
 from verifier.anomalies import Anomaly, AnomalySink, Location
 from verifier.coverage import EpochVerdict
 from verifier.lineage import AttemptPlan

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ecrl.errors import RunFormatError
-from ecrl.runformat import find_runs, is_run_dir
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import find_runs, is_run_dir
 from verifier import goodput
 from verifier._scan import Batch, RankLog
 from verifier._witness import report_epochs

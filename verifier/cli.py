@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ecrl.errors import EcrlError
+from ecrl.contract.errors import EcrlError
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ecrl import semantics
+from ecrl.contract import semantics
 
 __all__ = [
     "Interval",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ecrl.errors import EcrlError
+from ecrl.contract.errors import EcrlError
 
 __all__ = ["VerifierError", "Unusable"]
 

@@ -3,10 +3,11 @@
 Given a :class:`RunSpec` (geometry, world size per attempt, failure steps, checkpoint interval,
 strategy, ID or hash logging), :func:`generate_run` simulates the supervisor and the trainer's
 step timeline and writes ``run.json``, ``supervisor.json``, every rank's step log, the checkpoint
-events and ``latest.json`` through :mod:`ecrl.runformat` and :class:`~ecrl.runformat.RunPaths`.
-Shards and hashes come from :mod:`ecrl.semantics`, so a generated run is correct by
-construction: the verifier must pass every one (``tests/verifier/test_properties.py``), and the
-mutation catalogue (:mod:`verifier.mutations`) breaks them in known ways.
+events and ``latest.json`` through :mod:`ecrl.contract.runformat` and
+:class:`~ecrl.contract.runformat.RunPaths`. Shards and hashes come from
+:mod:`ecrl.contract.semantics`, so a generated run is correct by construction: the verifier must
+pass every one (``tests/verifier/test_properties.py``), and the mutation catalogue
+(:mod:`verifier.mutations`) breaks them in known ways.
 
 What a failure leaves behind, as in the runtime: attempt ``i`` fails after step ``fail_at[i]``
 (after any checkpoint due at that step). Its failing rank logged that step; the other ranks may
@@ -38,8 +39,8 @@ from typing import Literal
 import numpy as np
 import orjson
 
-from ecrl import semantics
-from ecrl.runformat import (
+from ecrl.contract import semantics
+from ecrl.contract.runformat import (
     SCHEMA_VERSION,
     STRATEGIES,
     CheckpointEvent,

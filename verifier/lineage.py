@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ecrl.runformat import SupervisorAttempt
+from ecrl.contract.runformat import SupervisorAttempt
 from verifier.anomalies import Anomaly, Note
 from verifier.schema import CheckpointRecord, RunInputs, torn_tail_ok
 

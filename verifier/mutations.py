@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from ecrl import semantics
-from ecrl.runformat import RunManifest, RunPaths, SupervisorState
+from ecrl.contract import semantics
+from ecrl.contract.runformat import RunManifest, RunPaths, SupervisorState
 from verifier.errors import VerifierError
 from verifier.lineage import AttemptPlan, lineage_of
 from verifier.result import Verdict

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from ecrl.atomicio import atomic_write_text
+from ecrl.contract.atomicio import atomic_write_text
 from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
 from verifier.result import RunResult, VerifyResult
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ecrl import semantics
-from ecrl.errors import RunFormatError, SemanticsError
-from ecrl.runformat import (
+from ecrl.contract import semantics
+from ecrl.contract.errors import RunFormatError, SemanticsError
+from ecrl.contract.runformat import (
     CheckpointEvent,
     JsonlReader,
     LatestPointer,

@@ -1,9 +1,9 @@
 """Each record against the window it should have consumed (records that missed the fast path).
 
-The expected shard of ``(step, rank, W)`` comes only from :mod:`ecrl.semantics`
-(:func:`~ecrl.semantics.shard_block`, :func:`~ecrl.semantics.shard_hashes`,
-:func:`~ecrl.semantics.ids_hashes`), computed for a whole batch of records at once. Records whose
-prefix the scanner already proved (:attr:`verifier._scan.Batch.fast`) never come here.
+The expected shard of ``(step, rank, W)`` comes only from :mod:`ecrl.contract.semantics`
+(:func:`~ecrl.contract.semantics.shard_block`, :func:`~ecrl.contract.semantics.shard_hashes`,
+:func:`~ecrl.contract.semantics.ids_hashes`), computed for a whole batch of records at once.
+Records whose prefix the scanner already proved (:attr:`verifier._scan.Batch.fast`) never come here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ecrl import semantics
+from ecrl.contract import semantics
 from verifier._scan import Batch
 from verifier.anomalies import Anomaly, AnomalySink
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 
-from ecrl.ckptfile import FOOTER_SIZE, encode_prefix, plan_layout
+from ecrl.contract.ckptfile import FOOTER_SIZE, encode_prefix, plan_layout
 
 
 def make_image(step: int, payload: bytes = b"") -> tuple[mmap.mmap, int]:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ecrl.advise import SECONDS_PER_DAY, AdviceInput, advise
-from ecrl.errors import ConfigError
+from ecrl.apps.advise import SECONDS_PER_DAY, AdviceInput, advise
+from ecrl.contract.errors import ConfigError
 
 
 def bert(gpus: int) -> AdviceInput:
@@ -71,7 +71,7 @@ def test_bad_input(field: str, value: float) -> None:
 
 
 def test_cli_json_keys_and_errors() -> None:
-    out = subprocess.run([sys.executable, "-m", "ecrl.cli", "advise", "--ckpt-cost", "5",
+    out = subprocess.run([sys.executable, "-m", "ecrl.apps.cli", "advise", "--ckpt-cost", "5",
                           "--step-time", "0.5", "--failures-per-gpu-day", "0.002", "--gpus", "64",
                           "--format", "json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -80,7 +80,7 @@ def test_cli_json_keys_and_errors() -> None:
     assert keys <= set(data)
     assert {"c_star_per_hour", "wasted_fraction"} <= set(data["periodic"])
     assert "wasted_fraction" in data["jit"]
-    bad = subprocess.run([sys.executable, "-m", "ecrl.cli", "advise", "--ckpt-cost", "-5",
+    bad = subprocess.run([sys.executable, "-m", "ecrl.apps.cli", "advise", "--ckpt-cost", "-5",
                           "--step-time", "1", "--mtbf", "100"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.count("\n") == 1 and "--ckpt-cost" in bad.stderr

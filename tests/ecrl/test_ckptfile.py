@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ckpt_images import make_image
 
-from ecrl.ckptfile import FOOTER_SIZE, CheckpointError, checksum_of, read_verified, seal
+from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, checksum_of, read_verified, seal
 
 
 def _sealed(tmp_path: Path, step: int = 3) -> tuple[Path, str]:

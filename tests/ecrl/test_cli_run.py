@@ -10,7 +10,7 @@ import pytest
 
 
 def ecrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ecrl.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ecrl.apps.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 
@@ -54,7 +54,7 @@ def test_out_must_be_a_run_or_empty(tmp_path: Path) -> None:
 
 def test_run_flags_are_pinned() -> None:
     # A change to the surface of `ecrl run` must be deliberate: update this list and the docs.
-    from ecrl.cli import build_parser
+    from ecrl.apps.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")

@@ -9,14 +9,14 @@ import pytest
 import torch
 from dataset_files import pixels, write_cifar10, write_cifar100, write_image_folder
 
-from ecrl.datasets import (
+from ecrl.contract.errors import ConfigError
+from ecrl.runtime.datasets import (
     CifarDataset,
     GeneratedDataset,
     ImageFolderDataset,
     build_dataset,
     check_data_dir,
 )
-from ecrl.errors import ConfigError
 
 
 def _batch_equals_items(source: object, ids: list[int]) -> None:

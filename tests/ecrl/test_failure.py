@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ecrl.failure import (
+from ecrl.contract.runformat import RunPaths
+from ecrl.runtime.failure import (
     FAILURE_EXIT_CODE,
     FailurePlan,
     FiredFailure,
@@ -15,11 +16,11 @@ from ecrl.failure import (
     remaining,
     write_fatal,
 )
-from ecrl.runformat import RunPaths
 
 
 def test_inject_leaves_a_marker_and_exits_137(tmp_path: Path) -> None:
-    code = ("from ecrl.failure import inject; from ecrl.runformat import RunPaths; "
+    code = ("from ecrl.runtime.failure import inject; "
+            "from ecrl.contract.runformat import RunPaths; "
             f"inject(RunPaths.of({str(tmp_path)!r}), attempt=2, step=41, rank=1); print('alive')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == FAILURE_EXIT_CODE and "alive" not in proc.stdout

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from ckpt_images import make_image
 
-from ecrl.atomicio import CRASH_POINTS
-from ecrl.ckptfile import read_verified
-from ecrl.persist import (
+from ecrl.contract.atomicio import CRASH_POINTS
+from ecrl.contract.ckptfile import read_verified
+from ecrl.contract.runformat import RunPaths
+from ecrl.runtime.persist import (
     CRASH_ENV,
     CrashHook,
     apply_retention,
@@ -21,7 +22,6 @@ from ecrl.persist import (
     commit_checkpoint,
     read_latest,
 )
-from ecrl.runformat import RunPaths
 
 HERE = Path(__file__).parent
 
@@ -29,8 +29,8 @@ _COMMITTER = """
 import sys
 sys.path.insert(0, {here!r})
 from ckpt_images import make_image
-from ecrl.persist import CrashHook, commit_checkpoint
-from ecrl.runformat import RunPaths
+from ecrl.runtime.persist import CrashHook, commit_checkpoint
+from ecrl.contract.runformat import RunPaths
 paths = RunPaths.of({root!r})
 paths.checkpoints.mkdir(parents=True, exist_ok=True)
 crash = CrashHook.from_env(attempt=0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ecrl.errors import ConfigError
-from ecrl.runconfig import RunConfig, load_config
+from ecrl.contract.errors import ConfigError
+from ecrl.runtime.runconfig import RunConfig, load_config
 
 
 def test_flags_override_toml_override_defaults(tmp_path: Path) -> None:

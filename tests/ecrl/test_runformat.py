@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ecrl.errors import RunFormatError
-from ecrl.runformat import (
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import (
     SCHEMA_VERSION,
     CheckpointEvent,
     JsonlReader,

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["ecrl.supervisor", "ecrl.bgwriter", "ecrl.persist",
-                                    "ecrl.ckptfile", "ecrl.failure", "ecrl.summary",
-                                    "ecrl.runconfig", "ecrl.demo"])
+@pytest.mark.parametrize("module", [
+    "ecrl.runtime.supervisor", "ecrl.runtime.bgwriter", "ecrl.runtime.persist",
+    "ecrl.contract.ckptfile", "ecrl.runtime.failure", "ecrl.runtime.summary",
+    "ecrl.runtime.runconfig", "ecrl.apps.demo"])
 def test_no_torch(module: str) -> None:
     code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "print('torch' in sys.modules)")

@@ -1,4 +1,5 @@
-"""The resumable sampler: shards from ecrl.semantics, resume at the same or another world size."""
+"""The resumable sampler: shards from ecrl.contract.semantics, resume at the same or another world
+size."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ecrl import semantics
-from ecrl.errors import SemanticsError
-from ecrl.sampler import ResumableSampler
+from ecrl.contract import semantics
+from ecrl.contract.errors import SemanticsError
+from ecrl.runtime.sampler import ResumableSampler
 
 GEOMETRY = semantics.Geometry(dataset_size=100, global_batch=12)
 

@@ -1,4 +1,4 @@
-"""The sampling contract of ecrl.semantics (docs/semantics.md)."""
+"""The sampling contract of ecrl.contract.semantics (docs/semantics.md)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ecrl import semantics as sem
-from ecrl.errors import SemanticsError
+from ecrl.contract import semantics as sem
+from ecrl.contract.errors import SemanticsError
 
 MASK = (1 << 64) - 1
 

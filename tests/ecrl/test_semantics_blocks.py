@@ -1,4 +1,5 @@
-"""Vectorised shards and row hashes agree with the step-by-step definitions of ecrl.semantics."""
+"""Vectorised shards and row hashes agree with the step-by-step definitions of
+ecrl.contract.semantics."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ecrl import semantics as sem
-from ecrl.errors import SemanticsError
+from ecrl.contract import semantics as sem
+from ecrl.contract.errors import SemanticsError
 
 
 @st.composite

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ecrl import statepack
-from ecrl.ckptfile import FOOTER_SIZE, CheckpointError, read_verified, seal
-from ecrl.models import build_model
+from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, read_verified, seal
+from ecrl.runtime import statepack
+from ecrl.runtime.models import build_model
 
 
 def _round_trip(tree: object, tmp_path: Path) -> object:

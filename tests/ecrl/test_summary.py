@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ecrl.runformat import (
+from ecrl.contract.runformat import (
     CheckpointEvent,
     JsonlWriter,
     RunManifest,
@@ -13,7 +13,7 @@ from ecrl.runformat import (
     SupervisorState,
     write_json_record,
 )
-from ecrl.summary import render_summary, summarize
+from ecrl.runtime.summary import render_summary, summarize
 
 
 def _attempt(n: int, world: int, resumed: int | None, last: int, status: str, t0: float,

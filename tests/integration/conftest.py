@@ -37,7 +37,7 @@ class Run:
 def ecrl(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
          timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "ecrl.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ecrl.apps.cli", *args], capture_output=True,
                           text=True, cwd=cwd, env=full_env, timeout=timeout)
 
 

@@ -1,8 +1,8 @@
-"""Reading a finished run back and checking it against ecrl.semantics directly.
+"""Reading a finished run back and checking it against ecrl.contract.semantics directly.
 
 The verifier (``verifier/``) is built separately; these helpers are the runtime's own test oracle:
 they rebuild the committed lineage from ``supervisor.json`` and the step logs and compare every
-committed shard with :func:`ecrl.semantics.shard`.
+committed shard with :func:`ecrl.contract.semantics.shard`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ecrl import semantics
-from ecrl.runformat import (
+from ecrl.contract import semantics
+from ecrl.contract.runformat import (
     CheckpointEvent,
     JsonlReader,
     LatestPointer,
@@ -133,7 +133,7 @@ def check_exactly_once(view: RunView) -> dict[str, Any]:
             expected = semantics.shard(geometry, m.seed, g, r.rank, world)
             assert r.sample_ids_count == expected.size
             assert r.sample_ids_hash == semantics.format_hash(semantics.ids_hash(expected)), \
-                f"step {g} rank {r.rank}: hash differs from ecrl.semantics"
+                f"step {g} rank {r.rank}: hash differs from ecrl.contract.semantics"
             if m.log_ids:
                 assert r.sample_ids is not None
                 assert np.array_equal(np.asarray(r.sample_ids), expected), f"step {g} rank {r.rank}"

@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY, Run, ecrl
 from lineage_check import check_exactly_once, load_run
 
-from ecrl.ckptfile import read_verified
+from ecrl.contract.ckptfile import read_verified
 
 pytestmark = pytest.mark.torchrun
 
@@ -63,7 +63,7 @@ def test_ctrl_c_stops_cleanly_then_resume_refuses_corruption_and_completes(
     args = ["run", "--out", str(out), "--dataset-size", "4096", "--global-batch", "8",
             "--steps", "500", "--ckpt-every", "10", "--strategy", "blocking", "--world-sizes", "1",
             "--log-ids"]
-    proc = subprocess.Popen([sys.executable, "-m", "ecrl.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     log = out / "logs" / "attempt-000" / "rank-000.jsonl"
     deadline = time.monotonic() + 120
@@ -128,8 +128,8 @@ def test_a_killed_supervisor_takes_its_job_along_and_the_run_resumes(tmp_path: P
     args = ["run", "--out", str(out), "--dataset-size", "2048", "--global-batch", "8",
             "--steps", "300", "--ckpt-every", "10", "--strategy", "overlapped",
             "--world-sizes", "1"]
-    proc = subprocess.Popen([sys.executable, "-m", "ecrl.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = out / "logs" / "attempt-000" / "rank-000.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (log.exists() and log.read_bytes().count(b"\n")

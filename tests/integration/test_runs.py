@@ -10,8 +10,8 @@ import torch
 from conftest import Run
 from lineage_check import check_exactly_once, load_run
 
-from ecrl.ckptfile import read_verified
-from ecrl.persist import checkpoint_step
+from ecrl.contract.ckptfile import read_verified
+from ecrl.runtime.persist import checkpoint_step
 
 pytestmark = pytest.mark.torchrun
 

@@ -83,7 +83,7 @@ def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
     """Ctrl-C on `ecrl run` (SIGINT to the supervisor), then `ecrl run --out` continues it."""
     root = tmp_path / "stopped"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ecrl.cli", "run", "--out", str(root), "--dataset-size", "256",
+        [sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root), "--dataset-size", "256",
          "--global-batch", "8", "--steps", "160", "--ckpt-every", "20", "--world-sizes", "2",
          "--strategy", "blocking", "--log-ids", "--seed", "7"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)

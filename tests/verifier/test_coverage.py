@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ecrl import semantics
+from ecrl.contract import semantics
 from verifier.coverage import SampleCoverage, StepRuns, clip, difference, merge, overlaps, size
 
 intervals = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)).map(

@@ -1,4 +1,4 @@
-"""The run generator writes what the runtime writes, through ecrl.runformat."""
+"""The run generator writes what the runtime writes, through ecrl.contract.runformat."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from verifier_helpers import run_specs
 
-from ecrl.runformat import JsonlReader, RunManifest, StepRecord, read_json_record
+from ecrl.contract.runformat import JsonlReader, RunManifest, StepRecord, read_json_record
 from verifier.errors import VerifierError
 from verifier.generate import RunSpec, generate_run, plan_run
 

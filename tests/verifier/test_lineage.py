@@ -7,7 +7,7 @@ from pathlib import Path
 
 from verifier_helpers import make_run
 
-from ecrl.runformat import CheckpointEvent, SupervisorAttempt
+from ecrl.contract.runformat import CheckpointEvent, SupervisorAttempt
 from verifier import verify_run
 from verifier.lineage import build_lineage, durable_step, is_finished, lineage_of
 from verifier.schema import CheckpointRecord, read_inputs

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ecrl import semantics
-from ecrl.errors import RunFormatError
-from ecrl.runformat import StepRecord
+from ecrl.contract import semantics
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import StepRecord
 from verifier._scan import PREFIX_KEYS, RankLog
 from verifier.generate import RunSpec, generate_run
 

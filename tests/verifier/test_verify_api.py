@@ -15,7 +15,7 @@ import verifier
 MODULES = ["verifier", "verifier.cli", "verifier.check", "verifier.report", "verifier.generate",
            "verifier.mutations", "verifier.coverage", "verifier.lineage", "verifier.goodput",
            "verifier.windows", "verifier.schema", "verifier._scan", "verifier._witness",
-           "ecrl.bench.verify"]
+           "ecrl.apps.bench.verify"]
 
 
 def test_public_api(tmp_path: Path) -> None:

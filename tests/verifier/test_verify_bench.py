@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ecrl.bench import verify as bench
-from ecrl.bench._common import render_text
+from ecrl.apps.bench import verify as bench
+from ecrl.apps.bench._common import render_text
 
 
 def test_bench_runs_and_reports_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

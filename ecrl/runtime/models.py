@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ecrl.errors import ConfigError
-from ecrl.runconfig import MODELS
+from ecrl.contract.errors import ConfigError
+from ecrl.runtime.runconfig import MODELS
 
 __all__ = ["MODELS", "TinyCNN", "build_model"]
 

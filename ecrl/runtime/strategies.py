@@ -5,11 +5,11 @@ writer:
 
 - ``blocking``: gather every rank's RNG states (the collective doubles as the opening barrier) →
   rank 0 snapshots the state into a buffer laid out as the file and commits it durably
-  (:func:`ecrl.persist.commit_checkpoint`) → barrier. Training stalls for the whole write.
+  (:func:`ecrl.runtime.persist.commit_checkpoint`) → barrier. Training stalls for the whole write.
 - ``overlapped``: gather → rank 0 waits for a free slot if ``max_inflight`` writes are pending
   (back-pressure) → snapshots into the slot → hands the job to the background writer process
-  (:mod:`ecrl.bgwriter`) → barrier. Training stalls only for the copy; the writer hashes, writes,
-  fsyncs and publishes ``latest.json`` while the next steps run.
+  (:mod:`ecrl.runtime.bgwriter`) → barrier. Training stalls only for the copy; the writer hashes,
+  writes, fsyncs and publishes ``latest.json`` while the next steps run.
 
 A checkpoint "at step c" captures the state after step c's update, and is due after every K-th
 step (``(c + 1) % K == 0``), except the run's last step, which ends the run instead.
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ecrl import statepack
-from ecrl.bgwriter import WriterClient
-from ecrl.ckptfile import FOOTER_SIZE, CheckpointError
-from ecrl.persist import CrashHook, commit_checkpoint
-from ecrl.runformat import CheckpointEvent, JsonlWriter, RunPaths
-from ecrl.semantics import Geometry
+from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
+from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
+from ecrl.contract.semantics import Geometry
+from ecrl.runtime import statepack
+from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.persist import CrashHook, commit_checkpoint
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
            "OverlappedCheckpoints", "make_strategy"]

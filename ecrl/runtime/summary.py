@@ -13,8 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ecrl.errors import RunFormatError
-from ecrl.runformat import (
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import (
     CheckpointEvent,
     JsonlReader,
     RunManifest,

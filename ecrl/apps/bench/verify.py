@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
-from ecrl.bench.sampler import _reset_peak, _rss_kib  # peak RSS of this process alone
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.apps.bench.sampler import _reset_peak, _rss_kib  # peak RSS of this process alone
 
 CACHE_VERSION = 1
 GIB = 2**30
@@ -138,7 +138,7 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child(case: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "ecrl.bench.verify", json.dumps(case)],
+    out = subprocess.run([sys.executable, "-m", "ecrl.apps.bench.verify", json.dumps(case)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ecrl.atomicio import atomic_write_text
-from ecrl.runformat import RunPaths
+from ecrl.contract.atomicio import atomic_write_text
+from ecrl.contract.runformat import RunPaths
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
            "read_fired", "remaining", "write_fatal", "read_fatal"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ecrl.atomicio import atomic_write_text
+from ecrl.contract.atomicio import atomic_write_text
 
 __all__ = ["BenchRow", "BenchResult", "Target", "Progress", "render_text", "render_json",
            "write_docs_section", "machine_line", "median_time"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ecrl.errors import ConfigError
-from ecrl.runconfig import RunConfig
-from ecrl.supervisor import EXIT_OK, Supervisor
+from ecrl.contract.errors import ConfigError
+from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.supervisor import EXIT_OK, Supervisor
 
 __all__ = ["DEMO_CONFIG", "run_demo"]
 

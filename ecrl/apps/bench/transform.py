@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "programs" / "torch-train"
 STEPS_PER_EPOCH = 32

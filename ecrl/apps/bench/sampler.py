@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
 
 BATCH = 1024
 MEMORY_GIB = 24
@@ -43,7 +43,7 @@ def _measure(case: dict[str, Any]) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from ecrl import semantics
+    from ecrl.contract import semantics
 
     torch.set_num_threads(1)  # one core for both candidates
     d, kind, repeats = int(case["d"]), case["kind"], int(case["repeats"])
@@ -103,7 +103,7 @@ def _measure(case: dict[str, Any]) -> dict[str, float]:
 
 def _child(case: dict[str, Any]) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-m", "ecrl.bench.sampler", json.dumps(case)],
+        [sys.executable, "-m", "ecrl.apps.bench.sampler", json.dumps(case)],
         check=True,
         capture_output=True,
         text=True,

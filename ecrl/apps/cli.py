@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ecrl.errors import ConfigError, EcrlError
-from ecrl.runconfig import BUILT_STRATEGIES
+from ecrl.contract.errors import ConfigError, EcrlError
+from ecrl.runtime.runconfig import BUILT_STRATEGIES
 
 if TYPE_CHECKING:
-    from ecrl.runconfig import RunConfig
+    from ecrl.runtime.runconfig import RunConfig
 
 NOT_BUILT_EXIT = 2
 
@@ -89,7 +89,7 @@ _RUN_KEYS = ("out", "world_sizes", "dataset", "data_dir", "dataset_size", "model
 def _run_config(args: argparse.Namespace) -> RunConfig:
     import time
 
-    from ecrl.runconfig import load_config
+    from ecrl.runtime.runconfig import load_config
 
     flags = {key: getattr(args, key) for key in _RUN_KEYS}
     if args.nproc is not None:
@@ -107,26 +107,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _not_built(f"run --strategy {config.strategy}", "a later issue")
     if config.deadline is not None:
         return _not_built("run --deadline", "a later issue")
-    from ecrl.supervisor import Supervisor
+    from ecrl.runtime.supervisor import Supervisor
 
     return Supervisor(config).run()
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
-    from ecrl.selfcheck import run_selfcheck
+    from ecrl.apps.selfcheck import run_selfcheck
 
     return run_selfcheck(verbose=True)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ecrl.demo import run_demo
+    from ecrl.apps.demo import run_demo
 
     return run_demo(out=args.out)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from ecrl.bench import BENCHES
-    from ecrl.bench._common import render_json, render_text, write_docs_section
+    from ecrl.apps.bench import BENCHES
+    from ecrl.apps.bench._common import render_json, render_text, write_docs_section
 
     names = list(BENCHES) if args.name == "all" else [args.name]
     status = 0
@@ -155,7 +155,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_advise(args: argparse.Namespace) -> int:
     import json
 
-    from ecrl.advise import SECONDS_PER_DAY, AdviceInput, advise, render_text
+    from ecrl.apps.advise import SECONDS_PER_DAY, AdviceInput, advise, render_text
 
     if args.mtbf is not None:
         if not args.mtbf > 0:
@@ -173,7 +173,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ecrl.bench import BENCHES
+    from ecrl.apps.bench import BENCHES
 
     parser = argparse.ArgumentParser(
         prog="ecrl",

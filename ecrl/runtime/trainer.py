@@ -1,12 +1,13 @@
-"""The DDP training process that torchrun launches (``python -m ecrl.trainer``), one per rank.
+"""The DDP training process that torchrun launches (``python -m ecrl.runtime.trainer``), one per
+rank.
 
 Each step follows the timeline of seed ``000_…`` §4.6, in this order:
 
-1. build this rank's shard of the step's global window (:mod:`ecrl.sampler`);
+1. build this rank's shard of the step's global window (:mod:`ecrl.runtime.sampler`);
 2. forward, backward (DDP all-reduces the gradients), optimizer and scheduler update;
 3. append the step record to ``logs/attempt-NNN/rank-NNN.jsonl`` and flush it;
-4. the checkpoint boundary, if one is due (:mod:`ecrl.strategies`);
-5. failure injection, if one is due (:mod:`ecrl.failure`).
+4. the checkpoint boundary, if one is due (:mod:`ecrl.runtime.strategies`);
+5. failure injection, if one is due (:mod:`ecrl.runtime.failure`).
 
 Determinism: a fixed seed and world size give bit-identical parameters and losses whether or not
 the run was interrupted, because every input of a step is restored or recomputed exactly: the
@@ -41,20 +42,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ecrl import __version__, statepack
-from ecrl.atomicio import atomic_write_bytes, atomic_write_text
-from ecrl.bgwriter import WriterCrashed
-from ecrl.ckptfile import CheckpointError, read_verified
-from ecrl.datasets import build_dataset
-from ecrl.errors import ConfigError, EcrlError
-from ecrl.failure import FATAL_EXIT_CODE, FailurePlan, inject, write_fatal
-from ecrl.models import build_model
-from ecrl.persist import clean_temporaries
-from ecrl.runconfig import RunConfig, parse_int_list
-from ecrl.runformat import JsonlWriter, RunManifest, RunPaths, StepRecord, read_json_record
-from ecrl.sampler import ResumableSampler
-from ecrl.semantics import Geometry, format_hash, ids_hash, mix64_int
-from ecrl.strategies import CheckpointContext, make_strategy
+from ecrl import __version__
+from ecrl.contract.atomicio import atomic_write_bytes, atomic_write_text
+from ecrl.contract.ckptfile import CheckpointError, read_verified
+from ecrl.contract.errors import ConfigError, EcrlError
+from ecrl.contract.runformat import JsonlWriter, RunManifest, RunPaths, StepRecord, read_json_record
+from ecrl.contract.semantics import Geometry, format_hash, ids_hash, mix64_int
+from ecrl.runtime import statepack
+from ecrl.runtime.bgwriter import WriterCrashed
+from ecrl.runtime.datasets import build_dataset
+from ecrl.runtime.failure import FATAL_EXIT_CODE, FailurePlan, inject, write_fatal
+from ecrl.runtime.models import build_model
+from ecrl.runtime.persist import clean_temporaries
+from ecrl.runtime.runconfig import RunConfig, parse_int_list
+from ecrl.runtime.sampler import ResumableSampler
+from ecrl.runtime.strategies import CheckpointContext, make_strategy
 
 __all__ = ["FINAL_DIR", "ResumePoint", "Trainer", "main", "params_digest"]
 
@@ -275,7 +277,7 @@ class Trainer:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ecrl.trainer",
+    parser = argparse.ArgumentParser(prog="python -m ecrl.runtime.trainer",
                                      description="One rank of an ECRL run (launched by torchrun)")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True)

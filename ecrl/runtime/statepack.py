@@ -5,8 +5,8 @@ optimizer and scheduler ``state_dict``s, the sampler position and every rank's R
 :func:`encode` replaces each tensor and array by a reference and turns the rest into JSON (tuples,
 non-string dict keys and non-finite floats are tagged so that they come back as they were).
 :func:`snapshot_into` copies the tensors and arrays, as raw bytes, straight into a buffer laid out
-like the file (:mod:`ecrl.ckptfile`): the only per-checkpoint cost on the training path is one
-copy per tensor. :func:`decode` rebuilds the tree from a verified file.
+like the file (:mod:`ecrl.contract.ckptfile`): the only per-checkpoint cost on the training path is
+one copy per tensor. :func:`decode` rebuilds the tree from a verified file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ecrl.ckptfile import CheckpointError, Layout, VerifiedCheckpoint, encode_prefix, plan_layout
+from ecrl.contract.ckptfile import (
+    CheckpointError,
+    Layout,
+    VerifiedCheckpoint,
+    encode_prefix,
+    plan_layout,
+)
 
 __all__ = [
     "EncodedState",

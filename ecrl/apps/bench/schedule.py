@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line, median_time
+from ecrl.apps.bench._common import (
+    BenchResult,
+    BenchRow,
+    Progress,
+    Target,
+    command_line,
+    median_time,
+)
 
 A = 1 / 86_400
 

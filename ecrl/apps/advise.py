@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ecrl.errors import ConfigError
+from ecrl.contract.errors import ConfigError
 
 __all__ = ["AdviceInput", "Advice", "advise", "render_text"]
 

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ecrl.bench._common import BenchResult, BenchRow, Progress, Target, command_line
-from ecrl.runconfig import RunConfig
-from ecrl.runformat import CheckpointEvent, JsonlReader, RunPaths, StepRecord
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.contract.runformat import CheckpointEvent, JsonlReader, RunPaths, StepRecord
+from ecrl.runtime.runconfig import RunConfig
 
 __all__ = ["run"]
 
@@ -111,7 +111,7 @@ class _Load:
 
 
 def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress) -> RunPaths:
-    from ecrl.supervisor import EXIT_OK, Supervisor
+    from ecrl.runtime.supervisor import EXIT_OK, Supervisor
 
     out = root / f"{case.model}-{strategy}-{repeat}"
     config = RunConfig(out=str(out), world_sizes=(1,), dataset="fake", dataset_size=50_000,

@@ -3,7 +3,7 @@
 Precedence: built-in defaults < ``--config FILE.toml`` < flags given on the command line. The
 TOML file may hold the keys at top level or in a ``[run]`` table, spelled like the flags with
 ``-`` or ``_`` (``global-batch = 64``, ``world_sizes = [2, 1]``). Every problem is a
-:class:`~ecrl.errors.ConfigError` whose message names the flag or key and what to do.
+:class:`~ecrl.contract.errors.ConfigError` whose message names the flag or key and what to do.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ecrl import semantics
-from ecrl.errors import ConfigError, SemanticsError
-from ecrl.runformat import STRATEGIES
+from ecrl.contract import semantics
+from ecrl.contract.errors import ConfigError, SemanticsError
+from ecrl.contract.runformat import STRATEGIES
 
 __all__ = [
     "STRATEGIES",

@@ -3,7 +3,7 @@
 One run directory, many attempts. For each attempt the supervisor reads ``latest.json`` (and
 verifies the checkpoint it names, so a corrupt one is reported instead of loaded), picks the
 attempt's world size from ``--world-sizes``, passes the failures that have not fired yet, and
-launches ``python -m torch.distributed.run … -m ecrl.trainer``. While torchrun runs it tails
+launches ``python -m torch.distributed.run … -m ecrl.runtime.trainer``. While torchrun runs it tails
 rank 0's step log for progress; when torchrun exits it classifies the exit:
 
 - ``completed``: exit 0 and the final step logged by every rank → the run is done;
@@ -34,14 +34,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from ecrl import __version__, semantics
-from ecrl._proc import signal_on_parent_death
-from ecrl.ckptfile import CheckpointError
-from ecrl.errors import ConfigError, RunFormatError
-from ecrl.failure import FiredFailure, read_fatal, read_fired, remaining
-from ecrl.persist import load_latest_verified, read_latest
-from ecrl.runconfig import RunConfig
-from ecrl.runformat import (
+from ecrl import __version__
+from ecrl.contract import semantics
+from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.errors import ConfigError, RunFormatError
+from ecrl.contract.runformat import (
     JsonlReader,
     LatestPointer,
     RunManifest,
@@ -53,6 +50,10 @@ from ecrl.runformat import (
     read_json_record,
     write_json_record,
 )
+from ecrl.runtime._proc import signal_on_parent_death
+from ecrl.runtime.failure import FiredFailure, read_fatal, read_fired, remaining
+from ecrl.runtime.persist import load_latest_verified, read_latest
+from ecrl.runtime.runconfig import RunConfig
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifest",
            "attempt_steps", "TORCHRUN_LOG"]
@@ -78,7 +79,7 @@ def _now_iso() -> str:
 def _dataset_size(config: RunConfig) -> int:
     if config.dataset == "fake":
         return config.fake_size()
-    from ecrl.datasets import build_dataset, check_data_dir
+    from ecrl.runtime.datasets import build_dataset, check_data_dir
 
     data_dir = Path(config.data_dir) if config.data_dir else None
     check_data_dir(config.dataset, data_dir)  # before anything slow, with the clear message
@@ -312,7 +313,7 @@ class Supervisor:
                 launch += ["--rdzv-conf", c.rdzv_conf]
         cmd = [sys.executable, "-m", "torch.distributed.run", *launch,
                "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-               "--monitor-interval", "0.5", "-m", "ecrl.trainer",
+               "--monitor-interval", "0.5", "-m", "ecrl.runtime.trainer",
                "--run-dir", str(self.paths.root), "--attempt", str(attempt),
                "--fail-at", ",".join(map(str, fail_at)), "--fail-rank", str(c.fail_rank)]
         if pointer is not None:
@@ -491,7 +492,7 @@ class Supervisor:
         return None
 
     def _print_summary(self) -> None:
-        from ecrl.summary import render_summary, summarize
+        from ecrl.runtime.summary import render_summary, summarize
 
         self.out(f"ecrl run: done; run directory {self.paths.root}")
         for line in render_summary(summarize(str(self.paths.root))):

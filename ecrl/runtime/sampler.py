@@ -1,10 +1,10 @@
 """The resumable global-batch sampler: which sample IDs this rank consumes at each step.
 
-A thin stateful layer over :mod:`ecrl.semantics`, which defines the windows and shards. Its state
-is the next step's ``{epoch, cursor_step, seed}`` plus the geometry; a checkpoint taken after step
-``c`` stores the state whose next step is ``c + 1``. Because the global window of a step does not
-depend on the world size, restoring the state into a job of another world size re-shards the same
-window: nothing is skipped or repeated.
+A thin stateful layer over :mod:`ecrl.contract.semantics`, which defines the windows and shards.
+Its state is the next step's ``{epoch, cursor_step, seed}`` plus the geometry; a checkpoint taken
+after step ``c`` stores the state whose next step is ``c + 1``. Because the global window of a step
+does not depend on the world size, restoring the state into a job of another world size re-shards
+the same window: nothing is skipped or repeated.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ecrl import semantics
-from ecrl.errors import SemanticsError
+from ecrl.contract import semantics
+from ecrl.contract.errors import SemanticsError
 
 __all__ = ["ResumableSampler"]
 
@@ -51,7 +51,8 @@ class ResumableSampler:
         return step, ids
 
     def state_dict(self) -> dict[str, Any]:
-        """The position of the next step, in :meth:`ecrl.semantics.SamplerState.to_dict` form."""
+        """The position of the next step, in :meth:`ecrl.contract.semantics.SamplerState.to_dict`
+        form."""
         return self._state.to_dict()
 
     def load_state_dict(self, data: Mapping[str, Any]) -> None:

@@ -2,9 +2,9 @@
 
 The protocol, in this order (ARCHITECTURE.md, "Checkpoints"):
 
-1. seal the image (SHA-256 footer, :func:`ecrl.ckptfile.seal`);
+1. seal the image (SHA-256 footer, :func:`ecrl.contract.ckptfile.seal`);
 2. write ``checkpoints/step-GGGGGGGG.ckpt`` atomically: temporary file, flush, fsync, rename,
-   directory fsync (:func:`ecrl.atomicio.atomic_write_bytes`);
+   directory fsync (:func:`ecrl.contract.atomicio.atomic_write_bytes`);
 3. record the checkpoint: the caller's ``before_publish`` appends its event to
    ``checkpoint_rank0.jsonl`` (so every checkpoint ``latest.json`` ever names has an event, which
    is how the verifier knows a resumed attempt loaded a real checkpoint);
@@ -25,9 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ecrl.atomicio import CRASH_POINTS, atomic_write_bytes
-from ecrl.ckptfile import FOOTER_SIZE, CheckpointError, VerifiedCheckpoint, read_verified, seal
-from ecrl.runformat import LatestPointer, RunPaths, read_json_record, write_json_record
+from ecrl.contract.atomicio import CRASH_POINTS, atomic_write_bytes
+from ecrl.contract.ckptfile import (
+    FOOTER_SIZE,
+    CheckpointError,
+    VerifiedCheckpoint,
+    read_verified,
+    seal,
+)
+from ecrl.contract.runformat import LatestPointer, RunPaths, read_json_record, write_json_record
 
 __all__ = [
     "CRASH_ENV",

@@ -1,12 +1,12 @@
 """Data sets that yield ``(x, y, sample_id)``, and batches fetched by sample ID.
 
 The trainer never iterates a data loader: each step it asks for exactly the IDs of its shard
-(:mod:`ecrl.sampler`), so :meth:`SampleSource.batch` takes an array of IDs. ``source[i]`` gives
-the same sample one at a time, as ``(x, y, i)``; both paths produce bit-identical tensors.
+(:mod:`ecrl.runtime.sampler`), so :meth:`SampleSource.batch` takes an array of IDs. ``source[i]``
+gives the same sample one at a time, as ``(x, y, i)``; both paths produce bit-identical tensors.
 
 - ``fake``: generated data, the embedded default. Sample ``i`` is a pure function of ``i`` (a
-  class template plus noise, both drawn from :func:`ecrl.semantics.mix64` of the ID), so any
-  sample can be produced at any time, by any rank, without files and without touching an RNG.
+  class template plus noise, both drawn from :func:`ecrl.contract.semantics.mix64` of the ID), so
+  any sample can be produced at any time, by any rank, without files and without touching an RNG.
 - ``cifar10`` / ``cifar100``: torchvision's own loaders over the standard python-pickle layout
   (``cifar-10-batches-py/`` or ``cifar-100-python/`` under ``--data-dir``). Nothing is downloaded.
   The published MD5 sums are not enforced, so subsets and re-packed copies in the same format
@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ecrl.errors import ConfigError
-from ecrl.runconfig import DATASETS
-from ecrl.semantics import mix64
+from ecrl.contract.errors import ConfigError
+from ecrl.contract.semantics import mix64
+from ecrl.runtime.runconfig import DATASETS
 
 __all__ = [
     "DATASETS",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ecrl import semantics as sem
+from ecrl.contract import semantics as sem
 
 
 def worked_example(dataset_size: int = 10, global_batch: int = 4, world_size: int = 2,

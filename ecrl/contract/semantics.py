@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ecrl.errors import SemanticsError
+from ecrl.contract.errors import SemanticsError
 
 __all__ = [
     "PERMUTATION_ALGORITHM",

@@ -16,7 +16,7 @@ keeps unknown fields in ``extra`` (adding fields is allowed by the contract, ren
 JSON-lines files are appended one whole line per ``write`` and flushed, so the only damage a
 killed process can do is a torn last line (no trailing newline). :class:`JsonlReader` tolerates
 exactly that, where the caller says the file belongs to a failed attempt, and reports it as a
-warning; every other defect is a :class:`~ecrl.errors.RunFormatError` at ``file:line``.
+warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` at ``file:line``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ecrl.atomicio import AppendLog, atomic_write_bytes
-from ecrl.errors import RunFormatError
+from ecrl.contract.atomicio import AppendLog, atomic_write_bytes
+from ecrl.contract.errors import RunFormatError
 
 try:  # orjson is several times faster; the format is plain JSON either way.
     import orjson
@@ -217,7 +217,7 @@ class RunManifest(_Record):
     target_steps: int
     """Committed steps the run must reach (steps 0..target_steps-1)."""
     permutation: Mapping[str, Any]
-    """``{"algorithm": str, "version": int}`` of :mod:`ecrl.semantics`."""
+    """``{"algorithm": str, "version": int}`` of :mod:`ecrl.contract.semantics`."""
     log_ids: bool
     """Whether step records carry full ``sample_ids`` (else count + hash only)."""
     strategy: str
@@ -359,7 +359,7 @@ class StepRecord(_Record):
     local_batch: int
     sample_ids_count: int
     sample_ids_hash: str
-    """:func:`ecrl.semantics.format_hash` of the IDs this rank consumed."""
+    """:func:`ecrl.contract.semantics.format_hash` of the IDs this rank consumed."""
     loss: float | None
     """Loss of this rank's shard (null when the loss was not finite)."""
     time: float
@@ -539,7 +539,7 @@ def write_json_record(path: str | os.PathLike[str], record: _Record, *,
                       hook: Callable[[str], None] | None = None) -> None:
     """Atomically replace ``path`` with ``record`` (pretty-printed: people read these files).
 
-    ``hook`` is passed to :func:`ecrl.atomicio.atomic_write_bytes` (crash tests).
+    ``hook`` is passed to :func:`ecrl.contract.atomicio.atomic_write_bytes` (crash tests).
     """
     text = json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"), hook=hook)

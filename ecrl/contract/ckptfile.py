@@ -11,8 +11,8 @@
 
 Why not ``torch.save``: the training process must stop for as short a time as possible. Here
 "serialising" a state is one ``memcpy`` per tensor into a buffer laid out exactly like the file
-(see :mod:`ecrl.statepack`), so the background writer only has to hash and write bytes, and can
-do so without importing torch. Loading never unpickles anything: the header is JSON, so a
+(see :mod:`ecrl.runtime.statepack`), so the background writer only has to hash and write bytes, and
+can do so without importing torch. Loading never unpickles anything: the header is JSON, so a
 tampered file cannot run code, and the footer's checksum is verified before a byte is trusted.
 
 The image a writer receives is the file minus its footer plus :data:`FOOTER_SIZE` spare bytes;
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ecrl.errors import EcrlError
+from ecrl.contract.errors import EcrlError
 
 __all__ = [
     "MAGIC",

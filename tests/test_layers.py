@@ -1,0 +1,64 @@
+"""The folders show the layers (ARCHITECTURE.md): each layer imports only the layers below it.
+
+``ecrl.contract`` (torch-free) < ``ecrl.runtime`` < ``ecrl.apps``; ``verifier`` and ``transform``
+build on the contract alone, and only ``ecrl.apps`` may import them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ALLOWED = {
+    "ecrl/contract": ("ecrl.contract",),
+    "ecrl/runtime": ("ecrl.contract", "ecrl.runtime", "ecrl"),
+    "verifier": ("ecrl.contract", "ecrl", "verifier"),
+    "transform": ("ecrl.contract", "ecrl", "transform"),
+}
+OURS = ("ecrl", "verifier", "transform")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "ecrl":  # `from ecrl import x` names a module or a public name
+                out += [(node.lineno, f"ecrl.{alias.name}") for alias in node.names]
+            else:
+                out.append((node.lineno, node.module))
+    return out
+
+
+def _violations(folder: str) -> list[str]:
+    allowed = ALLOWED[folder]
+    bad = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for line, name in _imports(path):
+            if name.split(".")[0] not in OURS:
+                continue
+            if name == "ecrl" or any(
+                    name == a or name.startswith(a + ".") for a in allowed if a != "ecrl"):
+                continue
+            if "ecrl" in allowed and name.count(".") == 1 and name.startswith("ecrl.") and \
+                    name.split(".")[1] in {"__version__", "ConfigError", "EcrlError",
+                                           "RunFormatError", "SemanticsError"}:
+                continue
+            bad.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    return bad
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_layer_imports_only_what_lies_below(folder: str) -> None:
+    assert _violations(folder) == []
+
+
+def test_the_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ecrl.apps.cli import main\nimport verifier\n")
+    assert [name for _, name in _imports(bad)] == ["ecrl.apps.cli", "verifier"]
+    assert not any(n.startswith(a) for _, n in _imports(bad) for a in ALLOWED["ecrl/contract"])
