@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 __all__ = [
     "SCHEMA_VERSION",
     "STRATEGIES",
+    "SAMPLER_KINDS",
     "RunManifest",
     "SupervisorAttempt",
     "SupervisorState",
@@ -75,6 +76,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
 """Checkpoint strategies a manifest may name (the runtime builds the first three so far)."""
+SAMPLER_KINDS = ("ecrl", "external")
+"""``run.json`` ``sampler.kind``: ECRL's own order, or one the verifier can only audit."""
 
 loads = _loads
 dumps = _dumps
@@ -231,7 +234,13 @@ class RunManifest(_Record):
     model: str
     created: str
     """ISO-8601 time the run directory was created."""
+    sampler: Mapping[str, Any] | None = None
+    """What fed the run: ``{"kind": "ecrl"}`` (windows are known and checked; also when absent)
+    or ``{"kind": "external", "name": ...}`` (a sampler whose order ECRL does not know, e.g.
+    ``torch.utils.data.DistributedSampler``: the verifier audits what it can prove without
+    windows). Further keys describe the sampler and are kept as they are."""
 
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"sampler"})
     _SPEC: ClassVar[dict[str, tuple[Check, str]]] = _spec(
         seed=_is_nonneg_int,
         dataset=(
@@ -257,7 +266,17 @@ class RunManifest(_Record):
         ),
         model=_is_str,
         created=_is_str,
+        sampler=(
+            lambda v: isinstance(v, dict) and v.get("kind") in SAMPLER_KINDS
+            and (v["kind"] == "ecrl" or _is_str(v.get("name"))),
+            '{"kind": "ecrl"} or {"kind": "external", "name": str, ...}',
+        ),
     )
+
+    @property
+    def external_sampler(self) -> bool:
+        """True when the run's order is not ECRL's (windows cannot be checked, only audited)."""
+        return self.sampler is not None and self.sampler.get("kind") == "external"
 
     @property
     def dataset_size(self) -> int:

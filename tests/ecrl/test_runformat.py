@@ -205,3 +205,22 @@ class TestRunPaths:
         write_json_record(other.manifest, manifest())
         assert find_runs(tmp_path) == [run.root, other.root]
         assert find_runs(run.root) == [run.root]
+
+
+class TestSamplerField:
+    """run.json names the sampler that fed the run; absent means ECRL's own."""
+
+    def test_absent_means_ecrl_and_is_not_written(self) -> None:
+        m = manifest()
+        assert not m.external_sampler and "sampler" not in m.to_dict()
+
+    def test_external_round_trip_keeps_details(self) -> None:
+        data = {**manifest().to_dict(),
+                "sampler": {"kind": "external", "name": "DistributedSampler", "drop_last": False}}
+        m = RunManifest.from_dict(data)
+        assert m.external_sampler and m.to_dict() == data
+
+    @pytest.mark.parametrize("bad", [{"kind": "mine"}, {"kind": "external"}, "ecrl"])
+    def test_malformed_sampler_is_rejected(self, bad: object) -> None:
+        with pytest.raises(RunFormatError, match="field 'sampler'"):
+            RunManifest.from_dict({**manifest().to_dict(), "sampler": bad})
