@@ -52,6 +52,7 @@ from ecrl.contract.runformat import (
 )
 from ecrl.runtime._proc import signal_on_parent_death
 from ecrl.runtime.failure import FiredFailure, read_fatal, read_fired, remaining
+from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.persist import load_latest_verified, read_latest
 from ecrl.runtime.runconfig import RunConfig
 
@@ -299,8 +300,7 @@ class Supervisor:
             load_latest_verified(self.paths, pointer)  # raises CheckpointError, never loads
         return pointer
 
-    def _command(self, attempt: int, world: int, pointer: LatestPointer | None,
-                 fail_at: list[int]) -> list[str]:
+    def _command(self, attempt: int, world: int) -> list[str]:
         c = self.config
         if c.nnodes == 1 and not c.rdzv_endpoint:
             # --standalone: a private rendezvous on a free port, so parallel runs never collide.
@@ -311,22 +311,29 @@ class Supervisor:
                       "--rdzv-id", c.rdzv_id or f"ecrl-{self.paths.root.name}-{attempt}"]
             if c.rdzv_conf:
                 launch += ["--rdzv-conf", c.rdzv_conf]
-        cmd = [sys.executable, "-m", "torch.distributed.run", *launch,
-               "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-               "--monitor-interval", "0.5", "-m", "ecrl.runtime.trainer",
-               "--run-dir", str(self.paths.root), "--attempt", str(attempt),
-               "--fail-at", ",".join(map(str, fail_at)), "--fail-rank", str(c.fail_rank)]
-        if pointer is not None:
-            cmd += ["--resume-step", str(pointer.global_step), "--resume-path", pointer.path,
-                    "--resume-checksum", pointer.checksum]
-        return cmd
+        return [sys.executable, "-m", "torch.distributed.run", *launch,
+                "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
+                "--monitor-interval", "0.5", "-m", "ecrl.runtime.trainer"]
 
-    def _environment(self, world: int) -> dict[str, str]:
+    def _attempt_env(self, attempt: int, pointer: LatestPointer | None,
+                     fail_at: list[int]) -> AttemptEnv:
+        c = self.config
+        return AttemptEnv(
+            run_dir=str(self.paths.root), attempt=attempt,
+            resume_step=None if pointer is None else pointer.global_step,
+            resume_path=None if pointer is None else pointer.path,
+            resume_checksum=None if pointer is None else pointer.checksum,
+            fail_at=tuple(fail_at), fail_rank=c.fail_rank, strategy=c.strategy,
+            ckpt_every=self.manifest.ckpt_every, keep_checkpoints=c.keep_checkpoints,
+            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes))
+
+    def _environment(self, world: int, attempt: AttemptEnv) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS",
                        str(self.config.threads_per_rank(world // self.config.nnodes)))
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(attempt.to_environ())
         return env
 
     def _launch(self, attempt: int, world: int, pointer: LatestPointer | None,
@@ -338,9 +345,10 @@ class Supervisor:
         with open(paths.attempt_dir(attempt) / TORCHRUN_LOG, "ab") as log:
             # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
             # decides how to stop it); the parent-death signal stops it if we are killed outright.
-            proc = subprocess.Popen(self._command(attempt, world, pointer, fail_at),
+            env = self._environment(world, self._attempt_env(attempt, pointer, fail_at))
+            proc = subprocess.Popen(self._command(attempt, world),
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self._environment(world), start_new_session=True,
+                                    env=env, start_new_session=True,
                                     preexec_fn=_torchrun_preexec)
             stopping_since: float | None = None
             while True:

@@ -16,12 +16,12 @@ model, optimizer, scheduler and sampler come from the checkpoint, so do every ra
 (Python, NumPy, torch CPU and CUDA), algorithms are deterministic and the thread count is fixed.
 
 Run-level settings come from ``run.json`` (written by the supervisor); per-attempt ones (attempt
-number, checkpoint to resume from, failures still to inject) from the command line.
+number, checkpoint to resume from, failures still to inject) from the ``ECRL_*`` environment
+(:mod:`ecrl.runtime.launchenv`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -52,9 +52,10 @@ from ecrl.runtime import statepack
 from ecrl.runtime.bgwriter import WriterCrashed
 from ecrl.runtime.datasets import build_dataset
 from ecrl.runtime.failure import FATAL_EXIT_CODE, FailurePlan, inject, write_fatal
+from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.models import build_model
 from ecrl.runtime.persist import clean_temporaries
-from ecrl.runtime.runconfig import RunConfig, parse_int_list
+from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.sampler import ResumableSampler
 from ecrl.runtime.strategies import CheckpointContext, make_strategy
 
@@ -276,31 +277,21 @@ class Trainer:
         atomic_write_text(final / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ecrl.runtime.trainer",
-                                     description="One rank of an ECRL run (launched by torchrun)")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--attempt", type=int, required=True)
-    parser.add_argument("--fail-at", default="", help="failures still to inject (steps)")
-    parser.add_argument("--fail-rank", type=int, default=0)
-    parser.add_argument("--resume-step", type=int)
-    parser.add_argument("--resume-path")
-    parser.add_argument("--resume-checksum")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    paths = RunPaths.of(args.run_dir)
+    env = AttemptEnv.from_environ()
+    if env is None:
+        print("ecrl trainer: start it with `ecrl run` (it reads its attempt from the ECRL_* "
+              "environment the supervisor sets)", file=sys.stderr)
+        return FATAL_EXIT_CODE
+    paths = RunPaths.of(env.run_dir)
     resume = None
-    if args.resume_step is not None:
-        resume = ResumePoint(step=args.resume_step, path=args.resume_path,
-                             checksum=args.resume_checksum)
-    failures = FailurePlan(steps=frozenset(parse_int_list("--fail-at", args.fail_at)),
-                           rank=args.fail_rank)
+    if env.resume_step is not None and env.resume_path is not None:
+        resume = ResumePoint(step=env.resume_step, path=env.resume_path,
+                             checksum=env.resume_checksum or "")
+    failures = FailurePlan(steps=frozenset(env.fail_at), rank=env.fail_rank)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return Trainer(paths=paths, attempt=args.attempt, resume=resume,
+        return Trainer(paths=paths, attempt=env.attempt, resume=resume,
                        failures=failures).run()
     except WriterCrashed as exc:
         # Restartable: the supervisor relaunches from the last durable checkpoint.
@@ -308,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except EcrlError as exc:
         # A problem no restart can fix: say so once, and tell the supervisor not to retry.
-        write_fatal(paths, attempt=args.attempt, rank=rank, message=str(exc))
+        write_fatal(paths, attempt=env.attempt, rank=rank, message=str(exc))
         print(f"ecrl trainer (rank {rank}): error: {exc}", file=sys.stderr, flush=True)
         return FATAL_EXIT_CODE
 
