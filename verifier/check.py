@@ -766,7 +766,8 @@ def verify(path: str | Path, reference: str | Path | None = None, *, series: boo
         raise VerifierError(f"{root}: cannot list: {exc.strerror}") from None
     if not runs:
         return VerifyResult(path=str(root), runs=(), unknown=(
-            f"{root}: no run directory here or below (a run directory holds run.json; hidden folders are skipped)",))
+            f"{root}: no run directory here or below (a run directory holds run.json; hidden "
+            "folders are skipped)",))
     results = []
     for run in runs:
         if progress is not None:
