@@ -390,7 +390,7 @@ def write_report(result: VerifyResult, directory: str | Path, *,
     the mutation catalogue runs on each passing run of at most :data:`SELF_TEST_MAX_RECORDS`
     records, and the report states its kill rate.
     """
-    from verifier import mutations
+    from verifier.testing import mutations
 
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifier.generate import RunSpec, generate_run
-from verifier.mutations import apply
+from verifier.testing.generate import RunSpec, generate_run
+from verifier.testing.mutations import apply
 
 # A small elastic run: 2 ranks, then 1, then 2 (D = 40, B = 4: 10 steps per epoch).
 BASE: dict[str, Any] = dict(dataset_size=40, global_batch=4, target_steps=24,

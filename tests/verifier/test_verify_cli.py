@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from verifier_helpers import make_run
 
-from verifier.mutations import apply
+from verifier.testing.mutations import apply
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from verifier import (
     verify,
     write_report,
 )
-from verifier.mutations import apply
+from verifier.testing.mutations import apply
 
 TOP_KEYS = {"verdict", "path", "unknown", "runs"}
 RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
