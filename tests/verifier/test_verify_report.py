@@ -24,7 +24,9 @@ from verifier.testing.mutations import apply
 
 TOP_KEYS = {"verdict", "path", "unknown", "runs"}
 RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
-            "metrics", "lineage", "log_ids", "unfinished"}
+            "metrics", "lineage", "log_ids", "unfinished", "windows_checked", "sampler",
+            "replay", "same_order"}
+REPLAY_KEYS = {"replayed_steps", "compared", "exact", "tolerant", "tolerance", "max_rel_diff"}
 ANOMALY_KEYS = {"kind", "obligation", "message", "file", "line", "attempt", "step", "rank",
                 "epoch", "sample_ids", "expected", "actual", "related", "count"}
 METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "tentative_steps", "wall_s",
@@ -65,6 +67,8 @@ def test_json_schema_is_pinned(runs: dict[str, Path]) -> None:
     assert {a["kind"] for a in run["anomalies"]} == set(run["anomaly_counts"])
     assert "duplicate_sample" in run["anomaly_counts"]
     assert run["unfinished"] is None
+    assert run["windows_checked"] is True and run["sampler"] is None
+    assert set(run["replay"]) == REPLAY_KEYS and run["same_order"] is None
     stopped = json.loads(render_json(verify(runs["stopped"])))["runs"][0]
     assert set(stopped) == RUN_KEYS and stopped["verdict"] == "UNKNOWN"
     assert set(stopped["unfinished"]) == UNFINISHED_KEYS
