@@ -277,7 +277,7 @@ class _RunCheck:
                              local_batch=reader.local_batch or 0 if batch.fast
                              else batch.column("local_batch"),
                              first_line=batch.first_line, file=rel)
-        if ncommit and not batch.fast:
+        if self.audit and ncommit:  # audit mode never takes the fast path
             self._audit(plan, rel, rank, batch, committed)
         if self.win_hash is not None and ncommit:
             self._windows(plan, reader, batch, committed)

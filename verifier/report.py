@@ -227,6 +227,22 @@ def render_json(result: VerifyResult) -> str:
     return json.dumps(_clean(result.as_dict()), indent=2)
 
 
+def _junit_skip(run: RunResult, obligation: str) -> str | None:
+    """Why an obligation was not checked for this run (None: it was)."""
+    if obligation == "epochs" and not run.log_ids and run.windows_checked:
+        return ("hash-only logs: exactly-once per epoch follows from the per-step window hashes "
+                "(obligations steps and shards)")
+    if obligation == "shards" and not run.windows_checked:
+        return "windows not checked: an external sampler fed the run (audit mode)"
+    if obligation == "batch" and run.windows_checked:
+        return "ECRL's sampler: every shard is checked against its window (obligation shards)"
+    if obligation == "replay" and (run.replay is None or not run.replay.tested):
+        return "not tested: no step was replayed with a finite loss on both sides"
+    if obligation == "order" and run.same_order is None:
+        return "not asked: compare two runs with --same-order RUN2"
+    return None
+
+
 def render_junit(result: VerifyResult) -> str:
     """JUnit XML: a test suite per run, a test case per proof obligation."""
     suites = ET.Element("testsuites", name="ecrl-verify")
@@ -282,10 +298,8 @@ def render_junit(result: VerifyResult) -> str:
                 ET.SubElement(case, "skipped", message="not checked: the logs cannot support "
                                                        "a verdict")
                 counts["skipped"] += 1
-            elif name == "epochs" and not run.log_ids:
-                ET.SubElement(case, "skipped",
-                              message="hash-only logs: exactly-once per epoch follows from the "
-                                      "per-step window hashes (obligations steps and shards)")
+            elif (skip := _junit_skip(run, name)) is not None:
+                ET.SubElement(case, "skipped", message=skip)
                 counts["skipped"] += 1
         for key, value in counts.items():
             suite.set(key, str(value))
