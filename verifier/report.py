@@ -473,6 +473,10 @@ def write_report(result: VerifyResult, directory: str | Path, *,
         if run.verdict != "PASS":
             tests[run.path] = {"skipped_reason": "the run does not pass, so mutants of it "
                                                  "prove nothing"}
+        elif not run.windows_checked:
+            tests[run.path] = {"skipped_reason": "an external sampler's run is audited without "
+                                                 "windows, and the catalogue's mutations are "
+                                                 "written against ECRL's windows"}
         elif run.metrics.records > SELF_TEST_MAX_RECORDS:
             tests[run.path] = {"skipped_reason": f"the run has {run.metrics.records:,} records "
                                                  f"(limit {SELF_TEST_MAX_RECORDS:,}); `ecrl "
