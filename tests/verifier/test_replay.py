@@ -123,14 +123,15 @@ def test_the_replay_mutation_is_killed_and_a_loss_change_elsewhere_is_benign(
 
 
 def test_only_the_replay_windows_are_kept(tmp_path: Path) -> None:
-    from verifier.check import _RunCheck
+    from verifier.ingest import Ingest
+    from verifier.judge import Judge
     from verifier.lineage import lineage_of
     from verifier.schema import read_inputs
 
     run = make_run(tmp_path / "run", **dict(SAME, target_steps=60, fail_at=(7, 15, 40))).root
     inputs = read_inputs(run)
-    check = _RunCheck(inputs, lineage_of(inputs), want_series=False, reference_loss=None,
-                      progress=None)
+    check = Ingest(inputs, lineage_of(inputs), want_series=False, reference_loss=None,
+                   progress=None)
     held: list[int] = []
 
     class Spy(ReplayTracker):
@@ -141,7 +142,7 @@ def test_only_the_replay_windows_are_kept(tmp_path: Path) -> None:
     check.replay = Spy(plans=check.lineage.plans, global_batch=4, deterministic=True,
                        tolerance=DEFAULT_TOLERANCE, sink=check.sink)
     check.scan()
-    assert check.finish().verdict == "PASS"
+    assert Judge(check).finish().verdict == "PASS"
     assert not check.replay.old and not check.replay.new
     # Never more than two attempts' replay windows (a few steps each), not the run's 60 steps.
     assert 0 < max(held) <= 12

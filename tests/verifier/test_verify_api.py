@@ -14,7 +14,8 @@ import verifier
 
 MODULES = ["verifier", "verifier.cli", "verifier.check", "verifier.report",
            "verifier.testing.generate", "verifier.testing.mutations", "verifier.coverage",
-           "verifier.lineage", "verifier.goodput",
+           "verifier.lineage", "verifier.goodput", "verifier.ingest", "verifier.judge",
+           "verifier.audit", "verifier.replay", "verifier.sameorder",
            "verifier.windows", "verifier.schema", "verifier._scan", "verifier._witness",
            "ecrl.apps.bench.verify"]
 
