@@ -129,8 +129,9 @@ class Anomaly:
 
     kind: str
     """A key of :data:`KINDS`."""
-    message: str
-    """One line: what is wrong at this witness."""
+    message: str = ""
+    """One line: what is wrong at this witness. Left empty, it is written from the anomaly's
+    data by the kind's explainer (:mod:`verifier.explain`)."""
     file: str | None = None
     """Log file (relative to the run directory) of the record that shows it."""
     line: int | None = None
@@ -146,12 +147,19 @@ class Anomaly:
     """Other records of the same witness (the first consumer of a duplicate, …)."""
     count: int = 1
     """How many items (steps, records or samples) this witness stands for."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    """The kind's own facts beyond the fields above (for example the checkpoint a resume
+    loaded, both losses of a replayed step); its explainer writes the message from them."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown anomaly kind {self.kind!r}")
         if self.count < 1:
             raise ValueError("an anomaly stands for at least one item")
+        if not self.message:
+            from verifier.explain import explain  # the prose layer, above this module
+
+            object.__setattr__(self, "message", explain(self))
 
     @property
     def obligation(self) -> str:

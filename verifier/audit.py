@@ -22,7 +22,6 @@ import numpy.typing as npt
 from ecrl.contract import semantics
 from verifier.anomalies import Anomaly, AnomalySink, Location
 from verifier.coverage import EpochVerdict, SampleCoverage
-from verifier.windows import format_ids
 
 __all__ = ["AuditCoverage", "StepAudit", "EpochHashes", "declared_set_hash"]
 
@@ -97,14 +96,13 @@ class StepAudit:
         where = [Location(file=shards[r].file, line=shards[r].line, attempt=attempt, step=step,
                           rank=r) for r in ranks]
         if total != self.global_batch:
-            counts = ", ".join(f"rank {r}: {shards[r].count}" for r in ranks)
             self.sink.add(Anomaly(
                 kind="global_batch_mismatch", file=first.file, line=first.line,
                 attempt=attempt, step=step, rank=ranks[0],
-                message=f"step {step} consumed {total} samples over its {len(ranks)} ranks "
-                        f"({counts}); the global batch is {self.global_batch}",
                 expected=f"{self.global_batch} samples", actual=f"{total} samples",
-                related=tuple(where[1:])))
+                related=tuple(where[1:]),
+                evidence={"counts": {r: shards[r].count for r in ranks},
+                          "global_batch": self.global_batch}))
         if any(shards[r].ids is None for r in ranks) or len(ranks) < 2:
             return
         per_rank = [np.unique(shards[r].ids) for r in ranks]  # type: ignore[arg-type]
@@ -123,11 +121,9 @@ class StepAudit:
         self.sink.add(Anomaly(
             kind="rank_overlap", file=shards[b].file, line=shards[b].line, attempt=attempt,
             step=step, rank=b, sample_ids=tuple(shared[:8].tolist()), count=int(shared.size),
-            message=f"ranks {a} and {b} both consumed sample {x} at step {step}"
-                    + (f"; {shared.size} samples shared between ranks at this step: "
-                       f"{format_ids(shared)}" if shared.size > 1 else ""),
             related=(Location(file=shards[a].file, line=shards[a].line, attempt=attempt,
-                              step=step, rank=a),)))
+                              step=step, rank=a),),
+            evidence={"ranks": (a, b), "shared": shared.tolist()}))
 
 
 def declared_set_hash(dataset_size: int) -> int:
@@ -167,16 +163,9 @@ class EpochHashes:
             count, digest = self.sums[epoch]
             if count == dataset_size and digest == expected:
                 continue
-            how = ("more samples than declared (a duplicate or extra sample)"
-                   if count > dataset_size else
-                   "fewer samples than declared (a missing sample)" if count < dataset_size
-                   else "as many samples as declared, but not the same ones")
             sink.add(Anomaly(
                 kind="epoch_hash_mismatch", epoch=epoch,
-                message=f"epoch {epoch} (steps {epoch * steps_per_epoch}.."
-                        f"{(epoch + 1) * steps_per_epoch - 1}) consumed {count} samples hashing "
-                        f"to {semantics.format_hash(digest)}: {how}; the declared set "
-                        f"0..{dataset_size - 1} hashes to {semantics.format_hash(expected)} "
-                        "(log sample IDs to see which)",
                 expected=f"{dataset_size} IDs, hash {semantics.format_hash(expected)}",
-                actual=f"{count} IDs, hash {semantics.format_hash(digest)}"))
+                actual=f"{count} IDs, hash {semantics.format_hash(digest)}",
+                evidence={"dataset_size": dataset_size, "steps_per_epoch": steps_per_epoch,
+                          "count": count, "hash": digest, "expected_hash": expected}))

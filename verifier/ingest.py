@@ -143,9 +143,8 @@ class Ingest:
         if local is None and not self.audit:
             self.sink.add(Anomaly(
                 kind="world_size_mismatch", file="supervisor.json", attempt=k,
-                message=f"attempt {k} ran with world size {w}, which does not divide the global "
-                        f"batch {b}: no rank can have an exact shard",
-                expected=f"a divisor of {b}", actual=str(w)))
+                expected=f"a divisor of {b}", actual=str(w),
+                evidence={"world_size": w, "global_batch": b}))
         files = self.inputs.paths.rank_logs(k)
         readers = []
         for rank, path in files.items():
@@ -155,9 +154,8 @@ class Ingest:
                 if path.stat().st_size:
                     self.sink.add(Anomaly(
                         kind="misplaced_record", file=rel, line=1, attempt=k, rank=rank,
-                        message=f"attempt {k} ran with world size {w}, but {rel} holds records "
-                                f"of rank {rank} (rank collision or a stray log)",
-                        expected=f"ranks 0..{w - 1}", actual=f"rank {rank}"))
+                        expected=f"ranks 0..{w - 1}", actual=f"rank {rank}",
+                        evidence={"world_size": w}))
                 continue
             self.ledgers[(k, rank)] = StepRuns()
             readers.append(RankLog(
@@ -305,9 +303,7 @@ class Ingest:
         self.irregular = True
         self.sink.add_many("step_order", int(back.size), (Anomaly(
             kind="step_order", file=rel, line=batch.first_line + int(i), attempt=plan.attempt,
-            step=int(steps[i]), rank=rank,
-            message=f"rank {rank} logged step {steps[i]} after step {before[i]}: its records go "
-                    "backwards",
+            step=int(steps[i]), rank=rank, evidence={"previous": int(before[i])},
             expected=f"step {before[i] + 1}", actual=f"step {steps[i]}") for i in back))
 
     def _series(self, batch: Batch, committed: npt.NDArray[np.bool_], rank: int,

@@ -23,6 +23,7 @@ from verifier import goodput
 from verifier._witness import report_epochs
 from verifier.anomalies import Anomaly, Location, Note
 from verifier.coverage import Interval, clip, difference, merge, overlaps, size
+from verifier.explain import resume_sentence
 from verifier.ingest import Ingest
 from verifier.lineage import AttemptPlan
 from verifier.result import AttemptSummary, RunResult, Series, Unfinished, Verdict
@@ -302,29 +303,22 @@ class Judge:
         if first == expected or (first > expected and any(f == expected
                                                           for f in firsts.values())):
             return
-        where = (f"resumed from the checkpoint at step {plan.resumed_from}"
-                 if plan.resumed_from is not None else "started fresh")
-        if first > expected + 1:
-            what = f"steps {expected}..{first - 1} were skipped"
-        elif first > expected:
-            what = f"step {expected} was skipped"
-        else:
-            what = f"committed step {first} was run again"
-        message = (f"attempt {k} {where}, so its first step must be {expected}; rank {rank}'s "
-                   f"first record is step {first}: {what}")
         if not plan.on_chain:
+            message = resume_sentence(attempt=k, resumed_from=plan.resumed_from,
+                                      expected=expected, rank=rank, first=first)
             self.notes.append(Note(kind="resume", file=self.files[(k, rank)], line=1,
                                    message=message + " (attempt not in the committed lineage)"))
             return
         self.sink.add(Anomaly(kind="resume_mismatch", file=self.files[(k, rank)], line=1,
-                              attempt=k, step=first, rank=rank, message=message,
-                              expected=f"step {expected}", actual=f"step {first}"))
+                              attempt=k, step=first, rank=rank,
+                              expected=f"step {expected}", actual=f"step {first}",
+                              evidence={"resumed_from": plan.resumed_from,
+                                        "expected_step": expected}))
 
     def _ranks(self, plan: AttemptPlan, clipped: dict[int, list[tuple[int, int, int]]],
                expected: list[Interval]) -> None:
         k = plan.attempt
-        span = (f"attempt {k} commits steps {expected[0][0]}..{expected[-1][1] - 1}"
-                if expected else f"attempt {k} commits no step")
+        span = (expected[0][0], expected[-1][1] - 1) if expected else None
         for rank, runs in clipped.items():
             rel = self.files.get((k, rank), f"logs/attempt-{k:03d}/rank-{rank:03d}.jsonl")
             found = overlaps([(s, e) for s, e, _ in runs])
@@ -333,11 +327,6 @@ class Judge:
                 kind="duplicate_record", file=rel, line=runs[o.again][2] + o.start
                 - runs[o.again][0], attempt=k, step=o.start, rank=rank,
                 count=o.stop - o.start,
-                message=f"rank {rank} logged step {o.start} twice (lines "
-                        f"{runs[o.first][2] + o.start - runs[o.first][0]} and "
-                        f"{runs[o.again][2] + o.start - runs[o.again][0]})"
-                        + (f", and {o.stop - o.start - 1} more steps after it"
-                           if o.stop - o.start > 1 else ""),
                 related=(Location(file=rel, line=runs[o.first][2] + o.start - runs[o.first][0],
                                   attempt=k, step=o.start, rank=rank),)) for o in found))
             have = merge((s, e) for s, e, _ in runs)
@@ -348,40 +337,34 @@ class Judge:
                 for gap in missing))
 
     def _missing_record(self, plan: AttemptPlan, rank: int, rel: str, exists: bool,
-                        runs: list[tuple[int, int, int]], gap: Interval, span: str) -> Anomaly:
+                        runs: list[tuple[int, int, int]], gap: Interval,
+                        span: tuple[int, int] | None) -> Anomaly:
         k = plan.attempt
         start, stop = gap
         other = next((r for r in range(plan.world_size) if r != rank
                       and (k, r) in self.ledgers
                       and self.ledgers[(k, r)].line_of(start) is not None), None)
         related: tuple[Location, ...] = ()
-        seen = ""
         if other is not None:
-            line = self.ledgers[(k, other)].line_of(start)
-            related = (Location(file=self.files[(k, other)], line=line, attempt=k, step=start,
-                                rank=other),)
-            seen = f", which rank {other} logged (line {line})"
-        if not exists:
-            message = (f"{rel} does not exist: rank {rank} has no record of step {start}"
-                       f"{seen}; {span}")
-            line = None
-        else:
-            before = [r for r in runs if r[1] <= start]
-            after = [r for r in runs if r[0] >= stop]
-            line = (before[-1][2] + before[-1][1] - 1 - before[-1][0]) if before else None
-            context = ""
-            if before and after:
-                context = (f" (its log goes from step {before[-1][1] - 1} at line {line} to "
-                           f"step {after[0][0]} at line {after[0][2]})")
-            elif before:
-                context = f" (its log stops at step {before[-1][1] - 1}, line {line})"
-            elif after:
-                context = f" (its log starts at step {after[0][0]}, line {after[0][2]})"
-            message = f"rank {rank} has no record of step {start}{seen}; {span}{context}"
-        if stop - start > 1:
-            message += f" ({stop - start} consecutive steps missing)"
+            related = (Location(file=self.files[(k, other)],
+                                line=self.ledgers[(k, other)].line_of(start), attempt=k,
+                                step=start, rank=other),)
+        # The rank's own log around the gap: (step, line) of its last record before and its
+        # first record after.
+        before = after = None
+        line = None
+        if exists:
+            earlier = [r for r in runs if r[1] <= start]
+            later = [r for r in runs if r[0] >= stop]
+            if earlier:
+                line = earlier[-1][2] + earlier[-1][1] - 1 - earlier[-1][0]
+                before = (earlier[-1][1] - 1, line)
+            if later:
+                after = (later[0][0], later[0][2])
         return Anomaly(kind="missing_record", file=rel, line=line, attempt=k, step=start,
-                       rank=rank, count=stop - start, message=message, related=related)
+                       rank=rank, count=stop - start, related=related,
+                       evidence={"exists": exists, "file": rel, "span": span,
+                                 "before": before, "after": after})
 
     def _where(self, attempt: int, step: int) -> Location:
         ranks = sorted(r for (a, r) in self.ledgers if a == attempt)
@@ -408,32 +391,21 @@ class Judge:
 
     def _duplicate_step(self, first: int, again: int, start: int, stop: int) -> Anomaly:
         a, b = self._where(first, start), self._where(again, start)
-        more = f" (and {stop - start - 1} more steps after it)" if stop - start > 1 else ""
         return Anomaly(kind="duplicate_step", file=b.file, line=b.line, attempt=again,
-                       step=start, rank=b.rank, count=stop - start, related=(a,),
-                       message=f"step {start} was committed by attempt {first} and again by "
-                               f"attempt {again}{more}")
+                       step=start, rank=b.rank, count=stop - start, related=(a,))
 
     def _missing_step(self, gap: Interval) -> Anomaly:
         start, stop = gap
         chain = self.lineage.chain
         owner = next((p for p in chain if p.lo <= start and (p.hi is None or start <= p.hi)),
                      None)
-        if owner is None:
-            why = "no attempt of the committed lineage covers it"
-        elif owner.hi is None:
-            last = self._last_logged(owner.attempt)
-            why = (f"the final attempt {owner.attempt} "
-                   + (f"stopped after step {last}, although supervisor.json says it completed"
-                      if last is not None and last < start else "logged no record of it"))
-        else:
-            why = (f"attempt {owner.attempt} should have committed steps "
-                   f"{owner.lo}..{owner.hi}, but no rank logged step {start}")
-        more = f"; steps {start}..{stop - 1} ({stop - start}) are missing" \
-            if stop - start > 1 else ""
         return Anomaly(kind="missing_step", attempt=owner.attempt if owner else None,
                        step=start, count=stop - start,
-                       message=f"step {start} was never committed: {why}{more}")
+                       evidence={"owner": owner.attempt if owner else None,
+                                 "owner_lo": owner.lo if owner else None,
+                                 "owner_hi": owner.hi if owner else None,
+                                 "last_logged": self._last_logged(owner.attempt)
+                                 if owner is not None and owner.hi is None else None})
 
     def _last_logged(self, attempt: int) -> int | None:
         lasts = [runs.last_step for (a, _), runs in self.ledgers.items()
@@ -446,9 +418,7 @@ class Judge:
         where = self._where(owner, start)
         return Anomaly(kind="extra_step", file=where.file, line=where.line, attempt=owner,
                        step=start, rank=where.rank, count=stop - start,
-                       message=f"attempt {owner} committed step {start}, but the run's target "
-                               f"is {self.target} steps (0..{self.target - 1})"
-                       + (f"; {stop - start} steps beyond it" if stop - start > 1 else ""))
+                       evidence={"target": self.target})
 
     def _samples(self) -> None:
         rank_files = {key: (self.inputs.root / rel, rel) for key, rel in self.files.items()}

@@ -123,33 +123,28 @@ class ReplayTracker:
             if not (math.isfinite(a) and math.isfinite(b)):
                 continue
             self.compared += 1
+            rel = _rel(a, b)
             if exact:
                 self.exact += 1
                 if a == b:
                     continue
-                rel = _rel(a, b)
-                why = "bit-identical expected at the same world size"
             else:
                 self.tolerant += 1
-                rel = _rel(a, b)
                 if rel <= self.tolerance:
                     self.max_rel_diff = rel if self.max_rel_diff is None \
                         else max(self.max_rel_diff, rel)
                     continue
-                why = f"above the relative tolerance {self.tolerance:g}"
             first, again = a_ranks[0], b_ranks[0]
             self.sink.add(Anomaly(
                 kind="replay_divergence", file=again.file, line=again.line,
-                attempt=succ.attempt, step=step, rank=0,
-                message=f"step {step}: attempt {failed.attempt} (world size "
-                        f"{failed.world_size}) computed global loss {a!r}; attempt "
-                        f"{succ.attempt} (world size {succ.world_size}), resumed from the "
-                        f"checkpoint at step {succ.resumed_from}, computed {b!r} (relative "
-                        f"difference {rel:.3g}, {why}): the resume did not restore the "
-                        "training state",
-                expected=repr(a), actual=repr(b),
+                attempt=succ.attempt, step=step, rank=0, expected=repr(a), actual=repr(b),
                 related=(Location(file=first.file, line=first.line, attempt=failed.attempt,
-                                  step=step, rank=0),)))
+                                  step=step, rank=0),),
+                evidence={"failed_attempt": failed.attempt,
+                          "failed_world_size": failed.world_size, "failed_loss": a,
+                          "world_size": succ.world_size, "loss": b,
+                          "resumed_from": succ.resumed_from, "relative_difference": rel,
+                          "exact": exact, "tolerance": self.tolerance}))
 
     def summary(self) -> ReplayCheck:
         return ReplayCheck(replayed_steps=self.replayed_steps, compared=self.compared,

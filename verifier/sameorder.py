@@ -24,7 +24,6 @@ from verifier.errors import Unusable
 from verifier.lineage import lineage_of
 from verifier.result import RunResult, SameOrder
 from verifier.schema import read_inputs
-from verifier.windows import format_ids
 
 __all__ = ["compare_order"]
 
@@ -76,17 +75,12 @@ def _witness(run: RunResult, other: RunResult, step: int, total: int,
     there = _records_of(Path(other.path), step)
     ids_here = _ids(here)
     ids_there = _ids(there)
+    only_here = only_there = None
+    sample_ids: tuple[int, ...] = ()
     if ids_here is not None and ids_there is not None:
         only_here = sorted(ids_here - ids_there)
         only_there = sorted(ids_there - ids_here)
-        what = (f"only here {format_ids(only_here)}, only in {other.path} "
-                f"{format_ids(only_there)}")
         sample_ids = tuple((only_here or only_there)[:8])
-    else:
-        what = (f"{mine[0]} samples hashing to {semantics.format_hash(mine[1])} here, "
-                f"{theirs[0]} hashing to {semantics.format_hash(theirs[1])} there")
-        sample_ids = ()
-    more = f"; {total} steps differ in all" if total > 1 else ""
     head = here[0] if here else None
     related = tuple(Location(file=str(Path(other.path) / loc.file) if loc.file else None,
                              line=loc.line, attempt=loc.attempt, step=step, rank=loc.rank)
@@ -95,8 +89,9 @@ def _witness(run: RunResult, other: RunResult, step: int, total: int,
         kind="order_mismatch", file=head[0].file if head else None,
         line=head[0].line if head else None, attempt=head[0].attempt if head else None,
         step=step, rank=head[0].rank if head else None, count=total, sample_ids=sample_ids,
-        message=f"step {step} is the first step whose global window differs from "
-                f"{other.path}'s: {what}{more}",
+        evidence={"other": other.path, "only_here": only_here, "only_there": only_there,
+                  "count": mine[0], "hash": mine[1], "other_count": theirs[0],
+                  "other_hash": theirs[1]},
         expected=f"{theirs[0]} IDs, hash {semantics.format_hash(theirs[1])} (as in "
                  f"{other.path})",
         actual=f"{mine[0]} IDs, hash {semantics.format_hash(mine[1])}",

@@ -1,0 +1,48 @@
+"""Anomalies are data; their messages are written from that data by the explainers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verifier import KINDS, Anomaly, verify
+from verifier.explain import EXPLAINERS, explain
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
+
+
+def test_explainers_are_for_known_kinds() -> None:
+    assert set(EXPLAINERS) <= set(KINDS)
+
+
+def test_a_kind_without_explainer_needs_its_message() -> None:
+    with pytest.raises(ValueError, match="no explainer"):
+        Anomaly(kind="shard_mismatch", step=3)
+    assert Anomaly(kind="shard_mismatch", step=3, message="given").message == "given"
+
+
+def test_the_message_is_written_from_the_evidence() -> None:
+    a = Anomaly(kind="extra_step", attempt=2, step=24, count=2, evidence={"target": 24})
+    assert a.message == ("attempt 2 committed step 24, but the run's target is 24 steps "
+                         "(0..23); 2 steps beyond it")
+    b = Anomaly(kind="extra_step", attempt=2, step=24, evidence={"target": 30})
+    assert b.message != a.message and "target is 30 steps (0..29)" in b.message
+
+
+@pytest.mark.parametrize(("case", "kind", "keys"), [
+    ("resume-skipped-step", "resume_mismatch", {"resumed_from", "expected_step"}),
+    ("missing-record", "missing_record", {"exists", "span", "before", "after"}),
+    ("missing-step", "missing_step", {"owner", "owner_lo", "owner_hi"}),
+    ("extra-step", "extra_step", {"target"}),
+    ("replay-divergence", "replay_divergence", {"failed_loss", "loss", "exact"}),
+    ("external-global-batch", "global_batch_mismatch", {"counts", "global_batch"}),
+    ("external-rank-overlap", "rank_overlap", {"ranks", "shared"}),
+    ("external-epoch-hash", "epoch_hash_mismatch", {"count", "hash", "expected_hash"}),
+])
+def test_checkers_record_evidence_and_the_explainer_writes_the_message(
+        case: str, kind: str, keys: set[str]) -> None:
+    run = verify(FIXTURES / case).runs[0]
+    witness = next(a for a in run.anomalies if a.kind == kind)
+    assert keys <= set(witness.evidence)
+    assert witness.message == explain(witness)
