@@ -1,14 +1,14 @@
 """Explainers: the one-line message of an anomaly, written from its data.
 
-The checkers (:mod:`verifier.judge`, :mod:`verifier.ingest`, :mod:`verifier.audit`,
-:mod:`verifier.replay`, :mod:`verifier.sameorder`) record *what* is wrong as data: an
+The checkers (:mod:`verifier.judge`, :mod:`verifier.ingest`, :mod:`verifier.windows`,
+:mod:`verifier._witness`, :mod:`verifier.lineage`, :mod:`verifier.audit`, :mod:`verifier.replay`,
+:mod:`verifier.sameorder`) record *what* is wrong as data: an
 :class:`~verifier.anomalies.Anomaly` with its kind, where (file, line, attempt, step, rank),
 ``expected``/``actual``, ``related`` records and ``evidence`` (the kind's own facts). This module
 turns that data into the sentence people read, one explainer per kind, as Elle's explainers do;
 :class:`~verifier.anomalies.Anomaly` calls :func:`explain` when it is built without a message.
-Kinds whose checkers still write their own sentence (the record-level kinds of
-:mod:`verifier.windows`, the sample kinds of :mod:`verifier._witness`, ``unknown_checkpoint``)
-have no explainer here yet.
+(Warnings, unknown reasons and an unfinished run's account are still written where they are
+found.)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ecrl.contract import semantics
+from verifier.anomalies import Location
 from verifier.windows import format_ids
 
 if TYPE_CHECKING:
@@ -123,14 +124,111 @@ def _step_order(a: Anomaly, e: Mapping[str, Any]) -> str:
             "backwards")
 
 
+_TENTATIVE = " (a tentative record: after the last durable checkpoint of an unfinished run)"
+
+
+def _tentative(e: Mapping[str, Any]) -> str:
+    """Record-level witnesses of an unfinished run's tentative records say so."""
+    return _TENTATIVE if e.get("tentative") else ""
+
+
 def _world_size_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if "says" in e:  # a record disagrees with its attempt
+        world, local = e["says"]
+        return (f"the record says world_size {world}, local_batch {local}; attempt "
+                f"{a.attempt} ran with world size {e['world_size']}"
+                + (f" (local batch {e['local_batch']})" if e["local_batch"] else "")
+                + _tentative(e))
     return (f"attempt {a.attempt} ran with world size {e['world_size']}, which does not divide "
             f"the global batch {e['global_batch']}: no rank can have an exact shard")
 
 
 def _misplaced_record(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if "claims" in e:  # a record claims another attempt or rank than its file's
+        attempt, rank = e["claims"]
+        return (f"the record says attempt {attempt}, rank {rank}, but it is in the log of "
+                f"attempt {a.attempt}, rank {a.rank}" + _tentative(e))
     return (f"attempt {a.attempt} ran with world size {e['world_size']}, but {a.file} holds "
             f"records of rank {a.rank} (rank collision or a stray log)")
+
+
+def _wrong_cursor(a: Anomaly, e: Mapping[str, Any]) -> str:
+    s = e["steps_per_epoch"]
+    epoch, cursor = e["says"]
+    assert a.step is not None
+    return (f"step {a.step} is (epoch {a.step // s}, cursor {a.step % s}) with {s} steps per "
+            f"epoch; the record says (epoch {epoch}, cursor {cursor})" + _tentative(e))
+
+
+def _hash_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    return (f"sample_ids_hash {semantics.format_hash(e['hash'])} and count {e['count']} do not "
+            f"describe the {e['ids_count']} logged IDs, which hash to "
+            f"{semantics.format_hash(e['ids_hash'])}" + _tentative(e))
+
+
+def _shard_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if "ids" in e:
+        return (f"rank {a.rank} at step {a.step} consumed {format_ids(e['ids'])} instead of its "
+                f"shard {format_ids(e['shard'])}: unexpected {format_ids(e['unexpected'])}, "
+                f"absent {format_ids(e['absent'])}" + _tentative(e))
+    return (f"rank {a.rank} at step {a.step} logged {e['count']} IDs hashing to "
+            f"{semantics.format_hash(e['hash'])}; its shard is {e['local_batch']} IDs hashing "
+            f"to {semantics.format_hash(e['expected_hash'])}" + _tentative(e))
+
+
+def _unknown_checkpoint(a: Anomaly, e: Mapping[str, Any]) -> str:
+    shown = ", ".join(map(str, e["recorded"])) or "none"
+    return (f"attempt {a.attempt} resumed from step {a.step}, but no earlier attempt recorded a "
+            f"checkpoint at step {a.step} (recorded: {shown})")
+
+
+def _describe(loc: Location) -> str:
+    return f"step {loc.step} rank {loc.rank} (attempt {loc.attempt}, {loc.file}:{loc.line})"
+
+
+def _consumers(a: Anomaly) -> list[Location]:
+    """The records that consumed a sample witness, in lineage order (the anomaly's own record
+    is the last of them)."""
+    if a.file is None:
+        return list(a.related)
+    return [*a.related, Location(file=a.file, line=a.line, attempt=a.attempt, step=a.step,
+                                 rank=a.rank)]
+
+
+def _scope(a: Anomaly, e: Mapping[str, Any]) -> str:
+    """The epoch's scope, after its first witness only."""
+    scope = e.get("scope")
+    if scope is None:
+        return ""
+    word = {"duplicate_sample": "duplicated", "missing_sample": "missing",
+            "extra_sample": "extra"}[a.kind]
+    n, ids = scope["count"], scope["ids"]
+    return (f"; {n} {word} sample{'s' if n != 1 else ''} in epoch {a.epoch}: {format_ids(ids)}"
+            + (f" (first {len(ids)} shown)" if n > len(ids) else ""))
+
+
+def _duplicate_sample(a: Anomaly, e: Mapping[str, Any]) -> str:
+    found = _consumers(a)
+    how = (" by " + " and ".join(_describe(f) for f in found[:2])) if found else ""
+    return f"sample {e['sample']} was consumed twice in epoch {a.epoch}{how}" + _scope(a, e)
+
+
+def _extra_sample(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if "outside" in e:  # IDs outside the data set, found record by record
+        return (f"rank {a.rank} at step {a.step} consumed {format_ids(e['outside'])}, outside "
+                f"the dataset's IDs 0..{e['dataset_size'] - 1}")
+    found = _consumers(a)
+    how = (" by " + _describe(found[0])) if found else ""
+    return (f"sample {e['sample']} is not in epoch {a.epoch}'s committed windows but was "
+            f"consumed{how}" + _scope(a, e))
+
+
+def _missing_sample(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if a.step is None:
+        return f"sample {e['sample']} of epoch {a.epoch} was never consumed" + _scope(a, e)
+    who = f", rank {a.rank}" if a.rank is not None else ""
+    return (f"sample {e['sample']} of epoch {a.epoch} was never consumed: it belongs to step "
+            f"{a.step}{who}" + _scope(a, e))
 
 
 def _global_batch_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
@@ -194,6 +292,13 @@ EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {
     "step_order": _step_order,
     "world_size_mismatch": _world_size_mismatch,
     "misplaced_record": _misplaced_record,
+    "wrong_cursor": _wrong_cursor,
+    "hash_mismatch": _hash_mismatch,
+    "shard_mismatch": _shard_mismatch,
+    "unknown_checkpoint": _unknown_checkpoint,
+    "duplicate_sample": _duplicate_sample,
+    "extra_sample": _extra_sample,
+    "missing_sample": _missing_sample,
     "global_batch_mismatch": _global_batch_mismatch,
     "rank_overlap": _rank_overlap,
     "epoch_hash_mismatch": _epoch_hash_mismatch,

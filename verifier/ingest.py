@@ -348,9 +348,8 @@ class Ingest:
                     kind="extra_sample", file=rel, line=batch.first_line + i,
                     attempt=plan.attempt, step=step, rank=rank, epoch=epoch,
                     sample_ids=tuple(outside[:8].tolist()), count=int(outside.size),
-                    message=f"rank {rank} at step {step} consumed {format_ids(outside)}, outside "
-                            f"the dataset's IDs 0..{d - 1}",
-                    expected=f"IDs in [0, {d})", actual=format_ids(outside)))
+                    expected=f"IDs in [0, {d})", actual=format_ids(outside),
+                    evidence={"outside": outside.tolist(), "dataset_size": d}))
             if epoch in self.finished_epochs:
                 self.late_records += 1
                 continue
