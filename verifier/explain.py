@@ -7,13 +7,16 @@ The checkers (:mod:`verifier.judge`, :mod:`verifier.ingest`, :mod:`verifier.wind
 ``expected``/``actual``, ``related`` records and ``evidence`` (the kind's own facts). This module
 turns that data into the sentence people read, one explainer per kind, as Elle's explainers do;
 :class:`~verifier.anomalies.Anomaly` calls :func:`explain` when it is built without a message.
-(Warnings, unknown reasons and an unfinished run's account are still written where they are
-found.)
+:func:`account` writes an unfinished run's one-line account from its
+:class:`~verifier.result.Unfinished` data. (Warnings and unknown reasons are still written where
+they are found.)
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ecrl.contract import semantics
@@ -22,8 +25,9 @@ from verifier.windows import format_ids
 
 if TYPE_CHECKING:
     from verifier.anomalies import Anomaly
+    from verifier.result import Unfinished
 
-__all__ = ["explain", "EXPLAINERS", "resume_sentence"]
+__all__ = ["explain", "EXPLAINERS", "resume_sentence", "account"]
 
 
 def _more(count: int, unit: str) -> str:
@@ -280,6 +284,41 @@ def _order_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
     more = f"; {a.count} steps differ in all" if a.count > 1 else ""
     return f"step {a.step} is the first step whose global window differs from {other}'s: " \
         f"{what}{more}"
+
+
+def account(u: Unfinished, *, root: Path, prefix_only: bool, conclusive: bool) -> str:
+    """The one line on an unfinished run: how far it is proved and what to do.
+
+    ``prefix_only``: nothing but the steps after the committed prefix is lacking (the verdict is
+    UNKNOWN for that reason alone); ``conclusive``: the prefix's records were all compared."""
+    if u.last_step is None:
+        head = f"run not finished (status {u.status!r}; attempt {u.attempt} logged no step)"
+    elif u.status == "running":
+        head = f"run not finished (status 'running', at step {u.last_step})"
+    else:
+        head = f"run not finished (status {u.status!r} after step {u.last_step})"
+    t, end = u.target_steps, u.committed_steps
+    if end >= t:
+        return (f"{head}, but its last durable checkpoint (step {u.durable_step}) already "
+                f"commits every target step 0..{t - 1}")
+    rest = f"steps {end}..{t - 1} not committed yet"
+    if u.status == "running":
+        # A supervisor killed outright leaves 'running' behind; `ecrl run` then continues.
+        hint = (f"verify again when it has finished (if its supervisor was killed, continue "
+                f"it with `ecrl run --out {shlex.quote(str(root))}`)")
+    else:
+        hint = f"continue it with `ecrl run --out {shlex.quote(str(root))}`"
+    if prefix_only:
+        if end == 0:
+            return (f"{head}: no durable checkpoint yet, so nothing is committed; {rest} — "
+                    f"{hint}")
+        proved = "proved exactly once" if conclusive else "committed"
+        return (f"{head}: steps 0..{end - 1} {proved} up to the last durable checkpoint; "
+                f"{rest} — {hint}")
+    scope = (f"steps 0..{end - 1}, up to the last durable checkpoint" if end
+             else "no step (no durable checkpoint yet)")
+    return (f"{head}: the verdict covers the committed prefix, {scope}, and the tentative "
+            f"records after it; {rest}")
 
 
 EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {

@@ -14,7 +14,6 @@ that says how far the run is proved and how to continue it.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +22,7 @@ from verifier import goodput
 from verifier._witness import report_epochs
 from verifier.anomalies import Anomaly, Location, Note
 from verifier.coverage import Interval, clip, difference, merge, overlaps, size
-from verifier.explain import resume_sentence
+from verifier.explain import account, resume_sentence
 from verifier.ingest import Ingest
 from verifier.lineage import AttemptPlan
 from verifier.result import AttemptSummary, RunResult, Series, Unfinished, Verdict
@@ -202,35 +201,9 @@ class Judge:
                           target_steps=self.target, message="")
 
     def _account(self, u: Unfinished, checked: dict[str, int], *, prefix_only: bool) -> str:
-        """The one line on an unfinished run: how far it is proved and what to do."""
-        if u.last_step is None:
-            head = f"run not finished (status {u.status!r}; attempt {u.attempt} logged no step)"
-        elif u.status == "running":
-            head = f"run not finished (status 'running', at step {u.last_step})"
-        else:
-            head = f"run not finished (status {u.status!r} after step {u.last_step})"
-        t, end = u.target_steps, u.committed_steps
-        if end >= t:
-            return (f"{head}, but its last durable checkpoint (step {u.durable_step}) already "
-                    f"commits every target step 0..{t - 1}")
-        rest = f"steps {end}..{t - 1} not committed yet"
-        if u.status == "running":
-            # A supervisor killed outright leaves 'running' behind; `ecrl run` then continues.
-            hint = (f"verify again when it has finished (if its supervisor was killed, continue "
-                    f"it with `ecrl run --out {shlex.quote(str(self.inputs.root))}`)")
-        else:
-            hint = f"continue it with `ecrl run --out {shlex.quote(str(self.inputs.root))}`"
-        if prefix_only:
-            if end == 0:
-                return (f"{head}: no durable checkpoint yet, so nothing is committed; {rest} — "
-                        f"{hint}")
-            proved = "proved exactly once" if self._conclusive(checked) else "committed"
-            return (f"{head}: steps 0..{end - 1} {proved} up to the last durable checkpoint; "
-                    f"{rest} — {hint}")
-        scope = (f"steps 0..{end - 1}, up to the last durable checkpoint" if end
-                 else "no step (no durable checkpoint yet)")
-        return (f"{head}: the verdict covers the committed prefix, {scope}, and the tentative "
-                f"records after it; {rest}")
+        """The one line on an unfinished run (written by :func:`verifier.explain.account`)."""
+        return account(u, root=self.inputs.root, prefix_only=prefix_only,
+                       conclusive=self._conclusive(checked))
 
     def _attempts(self, plans: tuple[AttemptPlan, ...]
                   ) -> tuple[list[AttemptSummary], list[tuple[int, list[Interval]]]]:
