@@ -40,6 +40,8 @@ OBLIGATIONS: Mapping[str, str] = {
               "size, within the replay tolerance at another)",
     "order": "with --same-order: two runs consume the same global window at every committed "
              "step",
+    "state": "every resume loaded the checkpoint it names and restored every object it saved, "
+             "with the digest it was saved with",
 }
 """Proof obligation name -> what it states (ARCHITECTURE.md, "Committed lineage")."""
 
@@ -99,6 +101,11 @@ KINDS: Mapping[str, Kind] = {
              "successor (the resume did not restore the training state)"),
         Kind("order_mismatch", "order",
              "with --same-order: the two runs consumed different global windows at a step"),
+        Kind("state_digest_mismatch", "state",
+             "a resumed attempt loaded an object whose digest differs from the one its "
+             "checkpoint saved, or the state of another step"),
+        Kind("state_not_restored", "state",
+             "a resumed attempt did not restore an object its checkpoint saved"),
     )
 }
 """Every anomaly kind, in the order reports list them."""

@@ -321,6 +321,25 @@ def account(u: Unfinished, *, root: Path, prefix_only: bool, conclusive: bool) -
             f"records after it; {rest}")
 
 
+def _state_digest_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    saved_at = a.related[0]
+    if e["form"] == "step":
+        return (f"attempt {a.attempt} resumed from the checkpoint at step {a.step} "
+                f"({saved_at.file}:{saved_at.line}), but the state it loaded is that of step "
+                f"{e['loaded_step']}")
+    return (f"attempt {a.attempt} restored {e['object']} with digest {e['restored']}, but the "
+            f"checkpoint at step {a.step} saved it with digest {e['saved']} "
+            f"({saved_at.file}:{saved_at.line})")
+
+
+def _state_not_restored(a: Anomaly, e: Mapping[str, Any]) -> str:
+    saved_at = a.related[0]
+    restored = ", ".join(e["restored_objects"]) or "nothing"
+    return (f"attempt {a.attempt} resumed from the checkpoint at step {a.step}, which saved "
+            f"{e['object']} ({saved_at.file}:{saved_at.line}), but did not restore it "
+            f"(restored: {restored})")
+
+
 EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {
     "resume_mismatch": _resume_mismatch,
     "duplicate_record": _duplicate_record,
@@ -343,6 +362,8 @@ EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {
     "epoch_hash_mismatch": _epoch_hash_mismatch,
     "replay_divergence": _replay_divergence,
     "order_mismatch": _order_mismatch,
+    "state_digest_mismatch": _state_digest_mismatch,
+    "state_not_restored": _state_not_restored,
 }
 """Kind -> explainer, for the kinds whose checkers record evidence instead of a sentence."""
 

@@ -26,6 +26,7 @@ from verifier.explain import account, resume_sentence
 from verifier.ingest import Ingest
 from verifier.lineage import AttemptPlan
 from verifier.result import AttemptSummary, RunResult, Series, Unfinished, Verdict
+from verifier.state import check_state
 
 __all__ = ["Judge"]
 
@@ -124,6 +125,7 @@ class Judge:
                 "drop_remainder) logged hashes only: which samples an epoch may leave out is "
                 "unknown, so exactly-once cannot be proved from hashes; log sample IDs "
                 "(log_ids) to audit it")
+        state = check_state(self.inputs, self.lineage, self.sink, self.notes, self.unknown)
         unfinished = None if self.lineage.finished else self._unfinished(summaries)
         verdict, prefix_only = self._verdict(checked, unfinished)
         if unfinished is not None:
@@ -153,7 +155,7 @@ class Judge:
             warnings=tuple(self.notes), unknown=tuple(self.unknown), checked=checked,
             metrics=metrics, lineage=tuple(summaries), log_ids=self.manifest.log_ids,
             series=series, unfinished=unfinished, windows_checked=not self.audit,
-            sampler=self.manifest.sampler, replay=self.replay.summary())
+            sampler=self.manifest.sampler, replay=self.replay.summary(), state=state)
 
     def _conclusive(self, checked: dict[str, int]) -> bool:
         """Whether the committed records were all compared (the guard against vacuous passes)."""

@@ -78,13 +78,13 @@ def _proved(run: RunResult) -> list[str]:
              f"{_world_sizes(run)})")
     epochs = c.get("epochs", 0)
     if not run.windows_checked:
-        return _audited(run, steps, epochs) + _replayed(run) + _same_order(run)
+        return _audited(run, steps, epochs) + _replayed(run) + _state(run) + _same_order(run)
     lines = [steps + f"; {c.get('shards', 0):,} shards equal their windows"
              + (" (sample IDs)" if run.log_ids else " (count + hash)")]
     if run.log_ids:
         lines.append(f"proved: {_plural(epochs, 'epoch')} without duplicate, missing or extra "
                      "samples")
-    return lines + _replayed(run) + _same_order(run)
+    return lines + _replayed(run) + _state(run) + _same_order(run)
 
 
 def _audited(run: RunResult, steps: str, epochs: int) -> list[str]:
@@ -127,6 +127,14 @@ def _replayed(run: RunResult) -> list[str]:
                      + (f", largest {r.max_rel_diff:.2g}" if r.max_rel_diff else ""))
     return [f"proved: {_plural(r.compared, 'replayed step')} recomputed after a resume with "
             f"a matching global loss ({'; '.join(parts)})"]
+
+
+def _state(run: RunResult) -> list[str]:
+    s = run.state
+    if s is None or not s.resumes_checked:
+        return []
+    return [f"proved: {_plural(s.resumes_checked, 'resume')} restored every saved object with "
+            f"the digest it was saved with ({_plural(s.objects_compared, 'object')} compared)"]
 
 
 def _same_order(run: RunResult) -> list[str]:
@@ -240,6 +248,8 @@ def _junit_skip(run: RunResult, obligation: str) -> str | None:
         return "not tested: no step was replayed with a finite loss on both sides"
     if obligation == "order" and run.same_order is None:
         return "not asked: compare two runs with --same-order RUN2"
+    if obligation == "state" and (run.state is None or not run.state.resumes_checked):
+        return "no resume with state digests (checkpoint events without digests, or no resume)"
     return None
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Series",
     "ReplayCheck",
     "SameOrder",
+    "StateCheck",
     "RunResult",
     "VerifyResult",
     "combine_verdicts",
@@ -172,6 +173,21 @@ class ReplayCheck:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StateCheck:
+    """State digests (:mod:`verifier.state`): resumes whose loaded state was compared, object by
+    object, with the digests their checkpoint recorded."""
+
+    resumes_checked: int = 0
+    objects_compared: int = 0
+    unattested: tuple[int, ...] = ()
+    """Attempts that resumed from a checkpoint with digests but wrote no ``restored.json``."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"resumes_checked": self.resumes_checked,
+                "objects_compared": self.objects_compared, "unattested": list(self.unattested)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SameOrder:
     """``--same-order RUN2``: this run's global windows against another run's, step by step."""
 
@@ -241,6 +257,7 @@ class RunResult:
     """``run.json``'s ``sampler`` (None: absent, ECRL's own)."""
     replay: ReplayCheck | None = None
     same_order: SameOrder | None = None
+    state: StateCheck | None = None
 
     @property
     def exit_code(self) -> int:
@@ -254,6 +271,7 @@ class RunResult:
             "sampler": dict(self.sampler) if self.sampler is not None else None,
             "replay": self.replay.as_dict() if self.replay is not None else None,
             "same_order": self.same_order.as_dict() if self.same_order is not None else None,
+            "state": self.state.as_dict() if self.state is not None else None,
             "anomalies": [a.as_dict() for a in self.anomalies],
             "anomaly_counts": dict(self.anomaly_counts),
             "warnings": [w.as_dict() for w in self.warnings],

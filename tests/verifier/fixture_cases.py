@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.contract import semantics
-from verifier.testing.generate import RunSpec, generate_run
+from verifier.testing.generate import RunSpec, generate_run, state_digests
 from verifier.testing.mutations import apply
 
 # A small elastic run: 2 ranks, then 1, then 2 (D = 40, B = 4: 10 steps per epoch).
@@ -33,6 +33,7 @@ STOPPED = dict(BASE, stop_at=19, end="stopped")
 # An external sampler (a stand-in for a user's shuffling sampler, not ECRL's order): audited.
 EXT = dict(IDS, sampler="external")
 EXT_HASH = dict(EXT, log_ids=False)
+STATE = dict(HASH, digests=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,12 @@ def _edit_record(attempt: int, rank: int, step: int,
         path.write_bytes(b"\n".join(lines))
 
     return damage
+
+
+def _edit_restored(attempt: int, change: Callable[[dict[str, Any]], None]
+                   ) -> Callable[[Path], None]:
+    """Change what ``attempt`` says it restored (its ``restored.json``)."""
+    return _edit_json(f"logs/attempt-{attempt:03d}/restored.json", change)
 
 
 def _take_from_rank0(root: Path) -> None:
@@ -239,6 +246,26 @@ CASES: list[Case] = [
          description="a failed attempt's loss of a step its successor ran again differs (as "
                      "if the resume had not restored the optimizer, scheduler or RNG)",
          spec=dict(IDS, world_sizes=(2,), chaos=8, torn=False)),
+    # --- state digests: each resume restored what its checkpoint saved ------------------------
+    Case(name="pass-state-digests", verdict="PASS",
+         description="checkpoint events carry state digests and every resumed attempt's "
+                     "restored.json matches them (world sizes 2, 1, 2)",
+         spec=STATE),
+    Case(name="state-digest-mismatch", verdict="FAIL", kinds=frozenset({"state_digest_mismatch"}),
+         damage=_edit_restored(1, lambda d: d["digests"].update(optimizer="sha256:" + "0" * 64)),
+         description="attempt 1 restored an optimizer state other than the one its checkpoint "
+                     "saved",
+         spec=STATE),
+    Case(name="state-not-restored", verdict="FAIL", kinds=frozenset({"state_not_restored"}),
+         damage=_edit_restored(2, lambda d: d["digests"].pop("scheduler")),
+         description="attempt 2 did not restore the LR scheduler its checkpoint saved",
+         spec=STATE),
+    Case(name="state-previous-checkpoint", verdict="FAIL",
+         kinds=frozenset({"state_digest_mismatch"}),
+         damage=_edit_restored(2, lambda d: d.update(
+             global_step=11, digests=state_digests(RunSpec(**STATE), 11))),
+         description="attempt 2 loaded the checkpoint before the one it names (step 11, not 14)",
+         spec=STATE),
     # --- an external sampler: audited without windows ----------------------------------------
     Case(name="pass-external-elastic", verdict="PASS",
          description="an external sampler (audit mode), world sizes 2, 1, 2 with two failures: "

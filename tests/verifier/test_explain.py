@@ -47,6 +47,9 @@ def test_the_message_is_written_from_the_evidence() -> None:
     ("duplicate-sample", "duplicate_sample", {"sample", "scope"}),
     ("extra-sample", "extra_sample", {"outside", "dataset_size"}),
     ("missing-sample", "missing_sample", {"sample", "scope"}),
+    ("state-digest-mismatch", "state_digest_mismatch", {"object", "saved", "restored"}),
+    ("state-previous-checkpoint", "state_digest_mismatch", {"loaded_step"}),
+    ("state-not-restored", "state_not_restored", {"object", "restored_objects"}),
 ])
 def test_checkers_record_evidence_and_the_explainer_writes_the_message(
         case: str, kind: str, keys: set[str]) -> None:

@@ -29,6 +29,7 @@ records instead of one per record, for benchmark runs of millions of records.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -57,7 +58,7 @@ from ecrl.contract.runformat import (
 from verifier.errors import VerifierError
 
 __all__ = ["RunSpec", "AttemptPlanned", "GeneratedRun", "generate_run", "plan_run",
-           "committed_steps", "external_window"]
+           "committed_steps", "external_window", "state_digests", "STATE_OBJECTS"]
 
 T0 = 1_795_392_000.0
 """Wall-clock start of generated runs (2026-11-22, as in docs/run-format.md)."""
@@ -117,6 +118,9 @@ class RunSpec:
     epoch by wrapping around its order (as ``DistributedSampler(drop_last=False)`` does)."""
     deterministic: bool | None = None
     """Written to run.json as ``deterministic`` when set."""
+    digests: bool = False
+    """Checkpoint events carry state digests per saved object, and every resumed attempt writes
+    ``restored.json`` with the digests of the checkpoint it loaded (:func:`state_digests`)."""
 
     def __post_init__(self) -> None:
         try:
@@ -333,7 +337,9 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
                         global_step=g, strategy=spec.strategy, snapshot_s=0.01, write_s=write,
                         enqueue_s=0.001 if spec.strategy == "overlapped" else 0.0,
                         backpressure_s=0.0, stall_s=stall, bytes=4096,
-                        path=f"step-{g:08d}.pt", extra={"time": round(now + stall, 6)}))
+                        path=f"step-{g:08d}.pt",
+                        extra={"time": round(now + stall, 6),
+                               **({"digests": state_digests(spec, g)} if spec.digests else {})}))
                     epoch, cursor = divmod(g, spec.epoch_steps)
                     latest = LatestPointer(path=f"step-{g:08d}.pt", global_step=g, epoch=epoch,
                                            cursor_step=cursor, world_size=a.world_size,
@@ -362,6 +368,11 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
                 with open(path, "ab") as handle:
                     handle.write(orjson.dumps(torn)[:40])
             committed += max(0, min(a.committed_hi, a.rank_last[rank]) - a.start + 1)
+        if spec.digests and a.resumed_from is not None:
+            paths.attempt_dir(a.attempt).mkdir(parents=True, exist_ok=True)
+            (paths.attempt_dir(a.attempt) / "restored.json").write_bytes(orjson.dumps(
+                {"schema_version": 1, "global_step": a.resumed_from,
+                 "digests": state_digests(spec, a.resumed_from)}))
         if events:
             with JsonlWriter(paths.checkpoint_log(a.attempt)) as writer:
                 for event in events:
@@ -428,6 +439,16 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
                 record["sample_ids"] = id_lists[i]
             record["step_s"] = spec.step_s
             yield record
+
+
+STATE_OBJECTS = ("model", "optimizer", "scheduler", "sampler", "rng")
+"""The objects a generated checkpoint saves (with ``RunSpec.digests``)."""
+
+
+def state_digests(spec: RunSpec, step: int) -> dict[str, str]:
+    """Stand-in digests of each saved object's state at ``step`` (distinct per object, step)."""
+    return {name: "sha256:" + hashlib.sha256(f"{spec.seed}:{name}:{step}".encode()).hexdigest()
+            for name in STATE_OBJECTS}
 
 
 def external_window(spec: RunSpec, step: int) -> npt.NDArray[np.int64]:
