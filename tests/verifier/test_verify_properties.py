@@ -75,7 +75,8 @@ RICH = [
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
             fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
-            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5),
+            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5,
+            digests=True),
     # Stopped mid-step after step 33 (the last durable checkpoint is step 29): tentative records.
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
             ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),

@@ -712,6 +712,44 @@ def _perturb_replayed_loss(view: RunView, rng: random.Random) -> Outcome | None:
     return _fail("perturb_replayed_loss", _where(view, log, line), "replay_divergence")
 
 
+def _restored(view: RunView, rng: random.Random, name: str,
+              edit: Callable[[dict[str, Any], random.Random], str | None], kind: str
+              ) -> Outcome | None:
+    """Change one resumed attempt's ``restored.json`` (runs with state digests only)."""
+    files = sorted(view.root.glob("logs/attempt-*/restored.json"))
+    path = _pick(rng, files)
+    if path is None:
+        return None
+    data = orjson.loads(path.read_bytes())
+    what = edit(data, rng)
+    if what is None:
+        return None
+    path.write_bytes(orjson.dumps(data))
+    return _fail(name, f"{path.relative_to(view.root).as_posix()}: {what}", kind)
+
+
+def _tamper_restored_digest(view: RunView, rng: random.Random) -> Outcome | None:
+    def edit(data: dict[str, Any], rng: random.Random) -> str | None:
+        name = _pick(rng, sorted(data.get("digests", {})))
+        if name is None:
+            return None
+        data["digests"][name] = "sha256:" + f"{rng.getrandbits(256):064x}"
+        return f"digest of {name} changed"
+
+    return _restored(view, rng, "tamper_restored_digest", edit, "state_digest_mismatch")
+
+
+def _drop_restored_object(view: RunView, rng: random.Random) -> Outcome | None:
+    def edit(data: dict[str, Any], rng: random.Random) -> str | None:
+        name = _pick(rng, sorted(data.get("digests", {})))
+        if name is None:
+            return None
+        del data["digests"][name]
+        return f"{name} not restored"
+
+    return _restored(view, rng, "drop_restored_object", edit, "state_not_restored")
+
+
 def _benign_field(name: str, change: Callable[[_Line, random.Random], dict[str, Any]],
                   *, keep_replays: bool = False) -> Apply:
     def apply(view: RunView, rng: random.Random) -> Outcome | None:
@@ -821,6 +859,10 @@ CATALOGUE: tuple[Mutation, ...] = (
                            keep_replays=True)),
     Mutation("perturb_replayed_loss", "change a failed attempt's loss of a step its successor "
              "ran again", True, _perturb_replayed_loss),
+    Mutation("tamper_restored_digest", "change the digest of an object a resumed attempt "
+             "restored (runs with state digests)", True, _tamper_restored_digest),
+    Mutation("drop_restored_object", "leave a saved object out of what a resumed attempt "
+             "restored (runs with state digests)", True, _drop_restored_object),
     Mutation("change_time", "change a record's time", False,
              _benign_field("change_time",
                            lambda li, r: {"time": float(li.data["time"]) + r.random()})),
