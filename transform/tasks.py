@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -221,29 +222,91 @@ def _call_name(node: ast.Call) -> str | None:
     return None
 
 
-_ARITH = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult,
-          ast.FloorDiv, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Mod)
+LITERAL_LIMIT = 10**100
+"""Largest magnitude a constant expression may reach at any step of its evaluation: bounds the
+work (``10**10**10`` is refused, not computed) and keeps every value a finite float."""
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
+              ast.Mod: operator.mod, ast.Pow: operator.pow}
 
 
-def _literal_number(expr: ast.expr) -> float | None:
-    """The value of a literal arithmetic expression (``10**9``, ``3_600 * 24``), else None."""
-    if isinstance(expr, ast.Constant):
-        value = expr.value
-        return value if type(value) is int or type(value) is float else None
-    tree = ast.Expression(body=expr)
-    for n in ast.walk(tree):
-        if not isinstance(n, _ARITH):
-            return None
-        if isinstance(n, ast.Constant) and (isinstance(n.value, bool)
-                                            or not isinstance(n.value, int | float)):
-            return None
+def _literal_number(expr: ast.expr) -> int | float | None:
+    """The value of a bounded constant arithmetic expression (``10**9``, ``3_600 * 24``), else
+    None: not a number, not constant, or beyond :data:`LITERAL_LIMIT` (never evaluated there)."""
     try:
-        value = eval(compile(tree, "<literal>", "eval"), {"__builtins__": {}}, {})
-    except (ArithmeticError, ValueError, OverflowError):
+        return _bounded(expr)
+    except (_Unbounded, ArithmeticError, ValueError):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if isinstance(value, float) else value
+
+
+class _Unbounded(Exception):
+    """An operand or result outside the bounded range (or not a literal number at all)."""
+
+
+def _checked(value: int | float) -> int | float:
+    if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > LITERAL_LIMIT:
+        raise _Unbounded
+    return value
+
+
+def _bounded(node: ast.expr) -> int | float:
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if type(value) is not int and type(value) is not float:
+            raise _Unbounded
+        return _checked(value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        operand = _bounded(node.operand)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _bounded(node.left), _bounded(node.right)
+        if isinstance(node.op, ast.Pow) and abs(left) > 1 and right > 0 and \
+                right * math.log10(abs(left)) > math.log10(LITERAL_LIMIT):
+            raise _Unbounded  # refused before it is computed: 10**10**10 would run for hours
+        if isinstance(node.op, ast.Pow) and left == 0 and right < 0:
+            raise ZeroDivisionError
+        value = _OPERATORS[type(node.op)](left, right)
+        if isinstance(value, complex):
+            raise _Unbounded
+        return _checked(value)
+    raise _Unbounded
+
+
+MAX_ITERATIONS = 10**18
+"""Largest ``_iterations`` accepted (a loop the schedule can still count exactly)."""
+_WHERE = {"_iterations": "as the first statement of the loop body",
+          "_cost": "in the stretch of code between hints that it times"}
+
+
+def _assignment_message(name: str) -> str:
+    return (f"`{name} = N` is an assignment: write it as an annotation, `{name}: N` "
+            f"(CheckHint's syntax), {_WHERE[name]}")
+
+
+def _range_count(*args: int) -> int:
+    """``len(range(*args))`` without its C-size limit (``range(10**30)`` has a length too);
+    a zero step, which range() rejects, counts none."""
+    start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    if step == 0:
+        return 0
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
+def _misspelt_annotation(stmt: ast.stmt) -> str | None:
+    """``_iterations = N`` (or ``_iterations: int = N``) with a number: meant as the hint
+    annotation (a variable of that name computed by the program is left alone)."""
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign) and _literal_number(stmt.value) is not None:
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None \
+            and _literal_number(stmt.value) is not None:
+        targets = [stmt.target]
+    for t in targets:
+        if isinstance(t, ast.Name) and t.id in ("_iterations", "_cost"):
+            return t.id
+    return None
 
 
 def _annotation_name(stmt: ast.stmt) -> str | None:
@@ -432,11 +495,14 @@ class _Builder:
         if first is not None and _annotation_name(first) == "_iterations":
             assert isinstance(first, ast.AnnAssign)
             value = _literal_number(first.annotation)
-            if value is None or value < 0 or value != math.floor(value):
+            if value is None or value < 0 or value != int(value) or value > MAX_ITERATIONS:
                 raise self.fail(first.annotation, "bad-iterations",
-                                "_iterations needs a non-negative integer literal (like 1000 or "
-                                "10**6)")
+                                "_iterations needs a non-negative integer literal or a bounded "
+                                "constant expression (like 1000 or 10**6, at most 10**18)")
             return int(value), "annotation"
+        if first is not None and _misspelt_annotation(first) is not None:
+            raise self.fail(first, "iterations-assignment", _assignment_message(
+                _misspelt_annotation(first) or ""))
         if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) \
                 and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "range" \
                 and not loop.iter.keywords and 1 <= len(loop.iter.args) <= 3 \
@@ -444,7 +510,12 @@ class _Builder:
             values = [_literal_number(arg) for arg in loop.iter.args]
             if all(isinstance(v, int) for v in values):
                 ints = [int(v) for v in values if v is not None]
-                return len(range(*ints)) if ints[-1] or len(ints) < 3 else 0, "range"
+                count = _range_count(*ints)
+                if count > MAX_ITERATIONS and required:
+                    raise self.fail(loop.iter, "bad-iterations",
+                                    f"this range() has {count:.3g} iterations, more than the "
+                                    "10**18 a schedule can count: use a smaller bound")
+                return count, "range"
         if required:
             raise self.fail(loop, "unbounded-loop",
                             "this loop holds _checkpoint() hints but its iteration count is "
@@ -533,6 +604,10 @@ class _Builder:
             declared = None
 
         for index, stmt in enumerate(statements):
+            misspelt = _misspelt_annotation(stmt)
+            if misspelt is not None:
+                raise self.fail(stmt, f"{misspelt.lstrip('_')}-assignment",
+                                _assignment_message(misspelt))
             ann = _annotation_name(stmt)
             if ann == "_iterations":
                 if index != 0 or not loops:
