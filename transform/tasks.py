@@ -58,7 +58,14 @@ STATEMENT_SECONDS = 1e-3
 declare ``_cost`` or profile when it matters)."""
 HINT_NAME = "_checkpoint"
 PARAMS_NAME = "checkpoint_params"
+CHECKHINT_NAME = "schedule_checkpoints"
+"""CheckHint's decorator (seed 001), read as a synonym with its own keywords."""
 _PARAM_KEYS = ("overhead", "ckpt_cost", "failure_rate", "mtbf")
+_CHECKHINT_KEYS = {"allowance": "overhead", "checkpoint_cost": "ckpt_cost",
+                   "failure_prob": "failure_rate"}
+_HINT_NAME_KEY = "checkpoint_fn_name"
+"""CheckHint's name for the hint function of the decorated function (``_checkpoint`` unless
+given)."""
 _UNSOUND_CALLS = {
     "exec": "exec() can bind and read any name",
     "eval": "eval() can read any name",
@@ -199,13 +206,13 @@ class TaskTree:
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_hint_call(node: ast.AST) -> bool:
+def _is_hint_call(node: ast.AST, names: frozenset[str] = frozenset((HINT_NAME,))) -> bool:
     if not isinstance(node, ast.Call):
         return False
     func = node.func
     if isinstance(func, ast.Name):
-        return func.id == HINT_NAME
-    return isinstance(func, ast.Attribute) and func.attr == HINT_NAME
+        return func.id in names
+    return isinstance(func, ast.Attribute) and func.attr in names
 
 
 def is_hint_statement(stmt: ast.AST) -> bool:
@@ -361,8 +368,13 @@ class _Scan:
         self.hint_statements: set[int] = set()
         self.facts: dict[int, _ScopeFacts] = {0: _ScopeFacts()}
         self.problem: tuple[ast.AST, str, str] | None = None
+        self.names = frozenset((HINT_NAME,))
+        """Names that call a hint here: ``_checkpoint``, and CheckHint's ``checkpoint_fn_name``
+        of the enclosing decorated function (or of a module-level call)."""
 
     def run(self, module: ast.Module) -> None:
+        self.names = self.hint_names(self.names, [s.value for s in module.body
+                                                  if isinstance(s, ast.Expr)])
         self.block(module.body, [], 0, inside="")
 
     def block(self, body: Sequence[ast.stmt], stack: list[ast.stmt], scope: int,
@@ -371,7 +383,7 @@ class _Scan:
             self.statement(stmt, stack, scope, inside)
 
     def statement(self, stmt: ast.stmt, stack: list[ast.stmt], scope: int, inside: str) -> None:
-        if isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value):
+        if isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value, self.names):
             if inside == "class" and self.problem is None:
                 self.problem = (stmt, "hint-in-class",
                                 "_checkpoint() directly in a class body cannot be a checkpoint: "
@@ -393,7 +405,10 @@ class _Scan:
             for e in (*stmt.decorator_list, *_defaults(stmt.args)):
                 self.expr(e, scope, inside)
             self.facts[id(stmt)] = _ScopeFacts()
+            outer = self.names
+            self.names = self.hint_names(outer, stmt.decorator_list)
             self.block(stmt.body, [], id(stmt), inside="")
+            self.names = outer
             return
         stack.append(stmt)
         for _name, value in ast.iter_fields(stmt):
@@ -424,7 +439,7 @@ class _Scan:
         while todo:
             cur, where = todo.pop()
             if isinstance(cur, ast.Call):
-                if _is_hint_call(cur):
+                if _is_hint_call(cur, self.names):
                     self.bad_hint(cur, where)
                 elif isinstance(cur.func, ast.Name) and cur.func.id in _UNSOUND_CALLS \
                         and where != "lambda":
@@ -441,6 +456,23 @@ class _Scan:
             elif isinstance(cur, _COMPREHENSIONS) and where != "lambda":
                 where = "comprehension"
             todo.extend((c, where) for c in ast.iter_child_nodes(cur))
+
+    def hint_names(self, names: frozenset[str], exprs: Sequence[ast.expr]) -> frozenset[str]:
+        """``names`` plus CheckHint's ``checkpoint_fn_name="…"`` of any parameter call among
+        ``exprs``."""
+        for expr in exprs:
+            call = _params_call(expr)
+            for kw in call.keywords if call is not None else ():
+                if kw.arg != _HINT_NAME_KEY:
+                    continue
+                if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str) \
+                        and kw.value.value.isidentifier():
+                    names = names | {kw.value.value}
+                elif self.problem is None:
+                    self.problem = (kw.value, "bad-params",
+                                    f"{_HINT_NAME_KEY}= needs the hint function's name as a "
+                                    "string literal (like \"_checkpoint\")")
+        return names
 
     def bad_hint(self, call: ast.Call, where: str) -> None:
         if self.problem is not None:
@@ -706,25 +738,60 @@ def is_elif(lines: Sequence[str], node: ast.If) -> bool:
 
 
 def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:
+    """The schedule parameters written in the source, checked where they are written (a bad
+    value is blamed on its keyword and line, never on a command-line flag)."""
     values: dict[str, float] = {}
+    where: dict[str, ast.keyword] = {}
     for call in calls:
+        checkhint = _call_name(call) == CHECKHINT_NAME
+        keys = (*_CHECKHINT_KEYS, _HINT_NAME_KEY) if checkhint else _PARAM_KEYS
+        usage = f"{_call_name(call)} takes keywords {', '.join(keys)}"
         if call.args:
-            raise builder.fail(call.args[0], "bad-params",
-                               f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
+            raise builder.fail(call.args[0], "bad-params", usage)
         for kw in call.keywords:
-            if kw.arg not in _PARAM_KEYS:
-                raise builder.fail(kw, "bad-params",
-                                   f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
+            if kw.arg not in keys:
+                raise builder.fail(kw, "bad-params", usage)
+            if kw.arg == _HINT_NAME_KEY:
+                if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+                        and kw.value.value.isidentifier()):
+                    raise builder.fail(kw.value, "bad-params",
+                                       f"{_HINT_NAME_KEY}= needs the hint function's name as a "
+                                       "string literal (like \"_checkpoint\")")
+                continue
             value = _literal_number(kw.value)
             if value is None:
                 raise builder.fail(kw.value, "bad-params",
-                                   f"checkpoint_params({kw.arg}=...) needs a number literal")
-            values[kw.arg] = float(value)
+                                   f"{_call_name(call)}({kw.arg}=...) needs a number literal")
+            key = _CHECKHINT_KEYS[kw.arg] if checkhint else kw.arg
+            problem = _param_problem(key, float(value))
+            if problem is not None:
+                raise builder.fail(kw.value, "bad-params",
+                                   f"{_call_name(call)}({kw.arg}={value!r}): {problem}")
+            values[key] = float(value)
+            where[key] = kw
+    if "failure_rate" in values and "mtbf" in values:
+        raise builder.fail(where["mtbf"], "bad-params",
+                           "give a failure rate or an MTBF, not both")
     return RegionParams(**values)
 
 
+def _param_problem(key: str, value: float) -> str | None:
+    """Why a schedule parameter's value is unusable, in words shared with the command line."""
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if key == "overhead" and value < 0:
+        return "the allowance is a non-negative fraction of run time (like 0.05)"
+    if key == "ckpt_cost" and value <= 0:
+        return "a checkpoint's cost is positive seconds"
+    if key == "failure_rate" and not 0 < value < 1:
+        return "the probability of a failure in one second is in (0, 1)"
+    if key == "mtbf" and value <= 0:
+        return "the mean time between failures is positive seconds"
+    return None
+
+
 def _params_call(expr: ast.expr) -> ast.Call | None:
-    if isinstance(expr, ast.Call) and _call_name(expr) == PARAMS_NAME:
+    if isinstance(expr, ast.Call) and _call_name(expr) in (PARAMS_NAME, CHECKHINT_NAME):
         return expr
     return None
 
