@@ -65,7 +65,7 @@ def test_decorator_values_are_honoured() -> None:
     default = analyze(PROGRAM.replace("allowance=0.3, checkpoint_cost=0.5, failure_prob=0.01,",
                                       ""), "ch.py")
     assert isinstance(default, AnalysisSuccess)
-    assert default.schedules[0].budget == 1 and default.schedules[0].params.ckpt_cost is None
+    assert default.schedules[0].budget == 1 and default.schedules[0].params.ckpt_cost == 10.0
 
 
 def test_command_line_still_wins() -> None:
