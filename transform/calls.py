@@ -95,20 +95,22 @@ def check_single_entry(module: ast.Module, chosen: Mapping[str, ast.FunctionDef]
     each is entered at most once."""
     index = _Index(module)
     for name in sorted(chosen):
-        issue = _entered_once(chosen[name], name, index, set(chosen), set())
+        issue = _entered_once(chosen[name], name, index, set(chosen), set(),
+                              f"{name}() holds checkpoints and")
         if issue is not None:
             return issue
     return None
 
 
 def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index: _Index,
-                  chosen: set[str], seen: set[int]) -> EntryIssue | None:
+                  chosen: set[str], seen: set[int], subject: str) -> EntryIssue | None:
+    """``subject`` opens the messages reported as they are: ``train() holds checkpoints and``,
+    or for a caller ``main(), which leads to train() that holds checkpoints,``."""
     if id(func) in seen:
         return EntryIssue(node=func, kind="recursive-checkpoints",
-                          message=f"{name}() holds checkpoints and calls itself (directly or "
-                                  "through its callers): a resumed program cannot tell which "
-                                  "call the saved state belongs to; keep the hints in the "
-                                  "outermost call's loop")
+                          message=f"{subject} calls itself (directly or through its callers): "
+                                  "a resumed program cannot tell which call the saved state "
+                                  "belongs to; keep the hints in the outermost call's loop")
     seen = seen | {id(func)}
     calls = []
     for ref in index.references(func):
@@ -118,9 +120,9 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
             continue
         return EntryIssue(
             node=ref, kind="checkpoints-by-reference",
-            message=f"{name}() holds checkpoints and is used here as a value (passed, stored "
-                    "or wrapped), so the transformer cannot tell how often it runs: call it "
-                    "directly, once, or move its hints to the loop that calls it")
+            message=f"{subject} is used here as a value (passed, stored or wrapped), so the "
+                    "transformer cannot tell how often it runs: call it directly, once, or "
+                    "move the hints to the loop that calls it")
     if len(calls) > 1:
         lines = ", ".join(str(c.lineno) for c in calls)
         return EntryIssue(
@@ -157,7 +159,9 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
                             f"{advice}")
             node = index.up(node)
         if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
-            issue = _entered_once(scope, caller_name, index, chosen, seen)
+            issue = _entered_once(scope, caller_name, index, chosen, seen,
+                                  f"{caller_name}(), which leads to {name}() that holds "
+                                  "checkpoints,")
             if issue is not None:
                 if issue.kind in ("recursive-checkpoints", "checkpoints-by-reference"):
                     return issue

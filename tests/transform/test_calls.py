@@ -72,6 +72,11 @@ SHAPES = {
                        "            _checkpoint()\n    def run(self):\n"
                        "        for e in range(2):\n            self.fit()\n"
                        "T().run()\n", (8, 13), "checkpoints-called-in-loop", "T.fit()"),
+    "caller-by-reference": (f"{HEAD}{TRAIN}def main():\n    train(3)\n"
+                            "import atexit\natexit.register(main)\n", (8, 17),
+                            "checkpoints-by-reference",
+                            "main(), which leads to train() that holds checkpoints, is used "
+                            "here as a value"),
     "nested": (f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n        train(3)\n"
                "        _checkpoint()\nmain()\n", (7, 9), "nested-checkpoints",
                "keep only main()'s hints"),
