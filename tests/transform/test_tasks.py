@@ -85,3 +85,14 @@ def test_a_variable_the_program_computes_is_not_mistaken_for_the_annotation() ->
     source = (f"{HEAD}for i in range(3):\n    _cost = float(i)\n    print(_cost)\n"
               "    _checkpoint()\n")
     assert isinstance(analyze(source, "t.py"), AnalysisSuccess)
+
+
+def test_unbounded_arithmetic_in_range_and_params_is_never_evaluated(tmp_path: Path) -> None:
+    src = tmp_path / "train.py"
+    src.write_text(f"{HEAD}for i in range(10**10**10):\n    _checkpoint()\n")
+    out = cli(src, "--explain")
+    assert out.returncode == 2 and out.stderr.startswith(f"{src}:2:1: this loop holds")
+    src.write_text("from transform import _checkpoint, checkpoint_params\n"
+                   "checkpoint_params(mtbf=10**10**10)\nfor i in range(3):\n    _checkpoint()\n")
+    out = cli(src, "--explain")
+    assert out.returncode == 2 and out.stderr.startswith(f"{src}:2:24: checkpoint_params(mtbf")
