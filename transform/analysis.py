@@ -9,9 +9,11 @@ region with per-slot firing rules, and the live facts at every hint.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from transform.calls import check_single_entry
 from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
 from transform.liveness import LiveFacts, live_at_hints
@@ -40,6 +42,9 @@ class AnalysisSuccess:
     profile: Profile | None = None
     segment_costs: Mapping[int, float] = field(default_factory=dict, repr=False)
     """Hint id → seconds of the code segment that ends at it."""
+    refusal: SourceIssue | None = None
+    """Why code generation will refuse the chosen checkpoints (a checkpointing function entered
+    more than once per run), so ``--explain`` says it before ``-o`` does."""
     static_times: Mapping[str, float | None] = field(default_factory=dict, repr=False)
     """With a profile: region → Σt from the source alone (``_cost`` and the static estimate),
     to report the estimate's error against the measured ``RegionSchedule.total_time``."""
@@ -141,6 +146,11 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
     if profile is not None:
         costs.update(_measured_segments(profile))
     static = {r.name: static_total_time(r) for r in tree.regions} if profile else {}
+    chosen = {s.region for s in schedules if s.chosen}
+    entry = check_single_entry(tree.module, {
+        r.name: r.node for r in tree.regions
+        if r.name in chosen and isinstance(r.node, ast.FunctionDef)})
     return AnalysisSuccess(path=path, tree=tree, schedules=tuple(schedules), live=live,
                            warnings=tree.warnings, profile=profile, segment_costs=costs,
-                           static_times=static)
+                           static_times=static,
+                           refusal=entry.issue(path) if entry is not None else None)

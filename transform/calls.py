@@ -24,6 +24,8 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from transform.errors import SourceIssue
+
 __all__ = ["EntryIssue", "check_single_entry"]
 
 _REPEATING = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
@@ -38,6 +40,11 @@ class EntryIssue:
     """The call site (or reference) to point at."""
     kind: str
     message: str
+
+    def issue(self, path: str) -> SourceIssue:
+        return SourceIssue(path=path, line=getattr(self.node, "lineno", 1),
+                           column=getattr(self.node, "col_offset", 0) + 1, message=self.message,
+                           kind=self.kind)
 
 
 class _Index:

@@ -820,7 +820,7 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
                  if isinstance(node := regions[name].node, ast.FunctionDef)}
     entry = check_single_entry(tree.module, functions)
     if entry is not None:
-        raise _issue(result, entry.node, entry.kind, entry.message)
+        raise SourceError(entry.issue(result.path))
 
     lines = source.splitlines()
     marks = _Marks(lines)

@@ -114,6 +114,7 @@ def explain_data(result: AnalysisSuccess) -> dict[str, Any]:
                           if f.maybe_unbound},
         "regions": [_region_json(s, result) for s in result.schedules],
         "warnings": [w.render() for w in result.warnings],
+        "refusal": result.refusal.render() if result.refusal is not None else None,
     }
 
 
@@ -131,6 +132,8 @@ def explain_text(result: AnalysisSuccess) -> str:
     out = [f"{result.path}: {len(result.hints)} hint(s), {len(result.chosen)} chosen"]
     for w in result.warnings:
         out.append(f"warning: {w.render()}")
+    if result.refusal is not None:
+        out.append(f"refused: no program will be written: {result.refusal.render()}")
     if result.profile is None:
         out.append(f"task times are static estimates ({STATEMENT_SECONDS * 1e3:g} ms per "
                    "statement, `_cost` where declared), often far from the truth: measure "

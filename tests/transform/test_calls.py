@@ -10,6 +10,7 @@ backwards.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -157,3 +158,19 @@ def test_hint_in_the_callers_epoch_loop_never_moves_backwards(tmp_path: Path) ->
     else:
         raise AssertionError(f"not finished after 20 attempts (reached epoch {reached})")
     assert kills >= 1, "no attempt was killed: the test proved nothing"
+
+
+def test_explain_says_the_program_will_be_refused(tmp_path: Path) -> None:
+    case = FIXTURES / "refused" / "mnist-hints-in-both"
+    expected = (case / "expected-error.txt").read_text().strip()
+    text = subprocess.run([sys.executable, "-m", "transform.cli", "input.py", "--explain"],
+                          cwd=case, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert f"refused: no program will be written: {expected}" in text.stdout.splitlines()
+    data = json.loads(subprocess.run(
+        [sys.executable, "-m", "transform.cli", "input.py", "--explain", "--format", "json"],
+        cwd=case, capture_output=True, text=True, timeout=120).stdout)
+    assert data["refusal"] == expected
+    fine = FIXTURES / "programs" / "mnist-epoch-caller" / "input.py"
+    ok = analyze(fine.read_text(), str(fine))
+    assert isinstance(ok, AnalysisSuccess) and ok.refusal is None
