@@ -15,7 +15,6 @@ more tangled is refused with a message rather than approximated silently.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from transform import schedule as sched
 from transform.errors import ScheduleError
-from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq
+from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq, param_problem
 
 __all__ = [
     "EXPAND_LIMIT",
@@ -42,6 +41,10 @@ DEFAULT_CKPT_COST = 10.0
 DEFAULT_MTBF = 86_400.0
 
 Slot = tuple[int, ...]
+_FLAGS = {"overhead": "--overhead", "ckpt_cost": "--ckpt-cost",
+          "failure_rate": "--failure-rate", "mtbf": "--mtbf"}
+"""The command-line flag of each parameter: a bad value is named by where it came from (the
+source's values are checked, with their position, when the task tree is built)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,17 +68,11 @@ class ScheduleParams:
             raise ScheduleError(f"objective must be budget or cost, got {self.objective!r}")
         if self.failure_rate is not None and self.mtbf is not None:
             raise ScheduleError("give --failure-rate or --mtbf, not both")
-        if self.overhead is not None and not (math.isfinite(self.overhead)
-                                              and self.overhead >= 0):
-            raise ScheduleError(f"--overhead must be a non-negative fraction, got {self.overhead}")
-        if self.ckpt_cost is not None and not (math.isfinite(self.ckpt_cost)
-                                               and self.ckpt_cost > 0):
-            raise ScheduleError(f"--ckpt-cost must be positive seconds, got {self.ckpt_cost}")
-        if self.failure_rate is not None and not 0 < self.failure_rate < 1:
-            raise ScheduleError(f"--failure-rate must be in (0, 1) per second, got "
-                                f"{self.failure_rate}")
-        if self.mtbf is not None and not (math.isfinite(self.mtbf) and self.mtbf > 0):
-            raise ScheduleError(f"--mtbf must be positive seconds, got {self.mtbf}")
+        for key, flag in _FLAGS.items():
+            value = getattr(self, key)
+            problem = param_problem(key, value) if value is not None else None
+            if problem is not None:
+                raise ScheduleError(f"{flag} {value:g}: {problem}")
 
     def merged(self, declared: object) -> ScheduleParams:
         """These parameters, with unset ones taken from ``declared`` (a RegionParams)."""

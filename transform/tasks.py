@@ -51,6 +51,7 @@ __all__ = [
     "is_hint_statement",
     "is_elif",
     "parse_source",
+    "param_problem",
 ]
 
 STATEMENT_SECONDS = 1e-3
@@ -763,7 +764,7 @@ def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:
                 raise builder.fail(kw.value, "bad-params",
                                    f"{_call_name(call)}({kw.arg}=...) needs a number literal")
             key = _CHECKHINT_KEYS[kw.arg] if checkhint else kw.arg
-            problem = _param_problem(key, float(value))
+            problem = param_problem(key, float(value))
             if problem is not None:
                 raise builder.fail(kw.value, "bad-params",
                                    f"{_call_name(call)}({kw.arg}={value!r}): {problem}")
@@ -775,7 +776,7 @@ def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:
     return RegionParams(**values)
 
 
-def _param_problem(key: str, value: float) -> str | None:
+def param_problem(key: str, value: float) -> str | None:
     """Why a schedule parameter's value is unusable, in words shared with the command line."""
     if not math.isfinite(value):
         return "must be a finite number"
