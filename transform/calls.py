@@ -10,7 +10,9 @@ function called while another checkpointing function runs (hints in ``train()`` 
 ``main()``'s epoch loop) cannot be resumed at all: one resume state holds one region's position.
 
 So, statically and conservatively, a checkpointing function is accepted only when the program
-enters it at most once: at most one call site, called by name (never passed, stored or wrapped),
+enters it at most once: at most one call site, called by name (never passed, stored or wrapped;
+a method must be called by name in this file, and never one Python or torch calls implicitly:
+dunder methods, ``forward``),
 not inside a loop, comprehension or lambda of its caller, and every function on the way up to
 the module is entered at most once too and does not checkpoint itself. Everything else is
 refused at transform time, naming the call site and what to do (move the hint into the caller's
@@ -130,6 +132,15 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
             message=f"{subject} is used here as a value (passed, stored or wrapped), so the "
                     "transformer cannot tell how often it runs: call it directly, once, or "
                     "move the hints to the loop that calls it")
+    method = isinstance(index.up(func), ast.ClassDef)
+    if method and (not calls or func.name == "forward"
+                   or (func.name.startswith("__") and func.name.endswith("__"))):
+        return EntryIssue(
+            node=func, kind="checkpoints-called-implicitly",
+            message=f"{subject} is a method that something other than this file's code calls "
+                    "(an operator such as model(x) → forward, a protocol method, or a framework "
+                    "calling it by name), so the transformer cannot tell how often it runs: "
+                    "move the hints to the loop that drives it")
     if len(calls) > 1:
         lines = ", ".join(str(c.lineno) for c in calls)
         return EntryIssue(

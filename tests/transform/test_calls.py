@@ -79,6 +79,13 @@ SHAPES = {
                             "checkpoints-by-reference",
                             "main(), which leads to train() that holds checkpoints, is used "
                             "here as a value"),
+    "forward": (f"{HEAD}class Net:\n    def forward(self, x):\n        for i in range(3):\n"
+                "            _checkpoint()\n        return x\n    def __call__(self, x):\n"
+                "        return self.forward(x)\nnet = Net()\nfor b in range(4):\n    net(b)\n",
+                (3, 5), "checkpoints-called-implicitly", "model(x) → forward"),
+    "framework-method": (f"{HEAD}class Module:\n    def training_step(self, batch):\n"
+                         "        for i in range(3):\n            _checkpoint()\n", (3, 5),
+                         "checkpoints-called-implicitly", "calling it by name"),
     "nested": (f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n        train(3)\n"
                "        _checkpoint()\nmain()\n", (7, 9), "nested-checkpoints",
                "keep only main()'s hints"),
