@@ -27,6 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from transform.errors import SourceIssue
+from transform.tasks import CHECKHINT_NAME, PARAMS_NAME
+
+PARAMS_DECORATORS = (PARAMS_NAME, CHECKHINT_NAME)
 
 __all__ = ["EntryIssue", "check_single_entry"]
 
@@ -133,14 +136,17 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
                     "transformer cannot tell how often it runs: call it directly, once, or "
                     "move the hints to the loop that calls it")
     method = isinstance(index.up(func), ast.ClassDef)
-    if method and (not calls or func.name == "forward"
-                   or (func.name.startswith("__") and func.name.endswith("__"))):
+    # A decorator other than the schedule's own may register the function to be called
+    # elsewhere (atexit.register, a framework's hooks).
+    registered = any(_decorator_name(d) not in PARAMS_DECORATORS for d in func.decorator_list)
+    if (method or registered) and (not calls or func.name == "forward"
+                                   or (func.name.startswith("__") and func.name.endswith("__"))):
         return EntryIssue(
             node=func, kind="checkpoints-called-implicitly",
-            message=f"{subject} is a method that something other than this file's code calls "
-                    "(an operator such as model(x) → forward, a protocol method, or a framework "
-                    "calling it by name), so the transformer cannot tell how often it runs: "
-                    "move the hints to the loop that drives it")
+            message=f"{subject} is called by something other than this file's code (an "
+                    "operator such as model(x) → forward, a protocol method, a decorator that "
+                    "registers it, or a framework calling it by name), so the transformer "
+                    "cannot tell how often it runs: move the hints to the loop that drives it")
     if len(calls) > 1:
         lines = ", ".join(str(c.lineno) for c in calls)
         return EntryIssue(
@@ -192,3 +198,10 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
                             f"saved later state; move the hints to the loop that calls "
                             f"{caller_name}()")
     return None
+
+
+def _decorator_name(expr: ast.expr) -> str | None:
+    node = expr.func if isinstance(expr, ast.Call) else expr
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None

@@ -86,6 +86,8 @@ SHAPES = {
     "framework-method": (f"{HEAD}class Module:\n    def training_step(self, batch):\n"
                          "        for i in range(3):\n            _checkpoint()\n", (3, 5),
                          "checkpoints-called-implicitly", "calling it by name"),
+    "registered": (f"{HEAD}import atexit\n@atexit.register\n{TRAIN}", (4, 1),
+                   "checkpoints-called-implicitly", "a decorator that registers it"),
     "nested": (f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n        train(3)\n"
                "        _checkpoint()\nmain()\n", (7, 9), "nested-checkpoints",
                "keep only main()'s hints"),
@@ -105,6 +107,8 @@ ACCEPTED = {
                       "    main()\n",
     "once-at-top": f"{HEAD}{TRAIN}train(3)\n",
     "never-called": f"{HEAD}{TRAIN}",
+    "own-decorator": f"{HEAD}from transform import checkpoint_params\n"
+                     f"@checkpoint_params(overhead=0.1)\n{TRAIN}train(3)\n",
     "torch-style-train-method": f"{HEAD}class M:\n    def train(self):\n        pass\n"
                                 f"{TRAIN}m = M()\nm.train()\nfor k in range(2):\n"
                                 "    m.train()\ntrain(3)\n",
