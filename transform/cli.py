@@ -16,6 +16,8 @@ from pathlib import Path
 from ecrl.contract.errors import EcrlError
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+EXIT_PIPE = 128 + 13
+"""A reader that closed our output (``ecrl-transform --diff | head``): stop, as SIGPIPE would."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,10 +166,6 @@ def _write(args: argparse.Namespace, source: str, code: str) -> int:
         return EXIT_OK
     sys.stdout.write(code)
     return EXIT_OK
-
-
-EXIT_PIPE = 128 + 13
-"""A reader that closed our output (``ecrl-transform --diff | head``): stop, as SIGPIPE would."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
