@@ -275,6 +275,9 @@ def run_matrix(config: MatrixConfig, out: Path, *, progress: Progress,
         reused = tuple(u.uid for u in units if u not in todo)
         for uid in reused:
             states.setdefault(uid, {})["state"] = "finished"
+        for state in states.values():
+            if state.get("state") == "running":  # we hold the lock: its invocation is gone
+                state["state"] = "stopped"
         _write_manifest(out, config, states)
         progress(f"{len(config.suites())} suites × {len(config.variants)} variants "
                  f"({', '.join(config.variants)}) × {len(config.seeds)} seed(s): {len(units)} "
