@@ -163,6 +163,25 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                                                               flush=True)).exit_code
 
 
+def _advise_measured(args: argparse.Namespace, rate: float) -> int:
+    import json
+
+    from ecrl.apps.matrix import _advice
+
+    flags = _advice.Overrides(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost,
+                              step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus,
+                              overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
+    if args.from_run:
+        one = _advice.from_run(args.from_run, flags)
+        print(json.dumps(one.as_dict(), indent=2) if args.format == "json"
+              else _advice.render_run(one))
+    else:
+        many = _advice.from_matrix(args.from_matrix, flags)
+        print(json.dumps([r.as_dict() for r in many], indent=2) if args.format == "json"
+              else _advice.render_matrix(many))
+    return 0
+
+
 def _cmd_advise(args: argparse.Namespace) -> int:
     import json
 
@@ -174,8 +193,13 @@ def _cmd_advise(args: argparse.Namespace) -> int:
         rate = 1.0 / args.mtbf
     else:
         rate = args.failures_per_gpu_day / SECONDS_PER_DAY
-    given = AdviceInput(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost,
-                        step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus,
+    if args.from_run or args.from_matrix:
+        return _advise_measured(args, rate)
+    if args.ckpt_cost is None or args.step_time is None:
+        raise ConfigError("give --ckpt-cost and --step-time, or measure them with --from-run RUN "
+                          "or --from-matrix DIR")
+    given = AdviceInput(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost or 0.0,
+                        step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus or 1,
                         overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
     advice = advise(given)
     print(json.dumps(advice.as_dict(), indent=2) if args.format == "json"
@@ -218,18 +242,25 @@ def build_parser() -> argparse.ArgumentParser:
         "advise", help="checkpoint-interval advice from the seed models",
         description="Young's and Daly's intervals, the optimal periodic frequency and wasted "
         "fraction against just-in-time checkpointing, and CheckHint's checkpoint budget.")
-    advise.add_argument("--ckpt-cost", type=float, required=True, metavar="SECONDS",
-                        help="training time lost to one checkpoint")
-    advise.add_argument("--restore-cost", type=float, default=0.0, metavar="SECONDS",
+    measured = advise.add_mutually_exclusive_group()
+    measured.add_argument("--from-run", metavar="RUN",
+                          help="take step time, checkpoint stall and restore time from this "
+                          "run's logs (flags given override them)")
+    measured.add_argument("--from-matrix", metavar="DIR",
+                          help="the same per workload and strategy of an `ecrl matrix` folder")
+    advise.add_argument("--ckpt-cost", type=float, metavar="SECONDS",
+                        help="training time lost to one checkpoint (required unless measured)")
+    advise.add_argument("--restore-cost", type=float, metavar="SECONDS",
                         help="fixed cost of one recovery: relaunch and load (default 0)")
-    advise.add_argument("--step-time", type=float, required=True, metavar="SECONDS",
-                        help="duration of one training step")
+    advise.add_argument("--step-time", type=float, metavar="SECONDS",
+                        help="duration of one training step (required unless measured)")
     rate = advise.add_mutually_exclusive_group(required=True)
     rate.add_argument("--failures-per-gpu-day", type=float, metavar="F",
                       help="failure rate of one GPU")
     rate.add_argument("--mtbf", type=float, metavar="SECONDS",
                       help="mean time between failures of one GPU")
-    advise.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs in the job (1)")
+    advise.add_argument("--gpus", type=int, metavar="N",
+                        help="GPUs in the job (1; measured: the run's world size)")
     advise.add_argument("--overhead", type=float, default=0.05, metavar="O",
                         help="CheckHint allowance, a fraction of compute time (0.05)")
     advise.add_argument("--job-hours", type=float, default=24.0, metavar="H",

@@ -1,4 +1,4 @@
-"""`ecrl matrix` config: shipped configs, variants from the runtime, one-line errors (torch-free)."""
+"""`ecrl matrix` config: shipped configs, variants from the runtime, one-line errors."""
 
 from __future__ import annotations
 
