@@ -103,7 +103,7 @@ ERRORS = [
     (("[models.big]\n", "[models.big]\nglobal-batch = 6\nworld-sizes = [4]\n"), 17,
      ["[models.big] global-batch", "6", "world size 4"]),
     (("dataset-size = 128", "datset-size = 128"), 11, ["[datasets.fake] datset-size",
-                                                       "unknown key"]),
+                                                       "unknown key; did you mean dataset-size?"]),
     (("steps = 40", "stepz = 40"), 5, ["[run] stepz", "unknown key"]),
     (("seeds = 1", "seedz = 1"), 2, ["[matrix] seedz", "unknown key"]),
     (("[matrix]", "[matrx]"), 1, ["[matrx]", "unknown table"]),

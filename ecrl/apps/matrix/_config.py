@@ -14,6 +14,7 @@ beyond the run, a global batch some world size does not divide, a key no table t
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -221,8 +222,11 @@ def _settings(src: _Source, table: str, data: Any, *, allowed: frozenset[str],
                 why = ("is set by the matrix for each unit" if name != "fail_at"
                        else "belongs in a [schedules.NAME] table")
                 raise src.error(table, raw, why)
-            choices = ", ".join(sorted(k.replace("_", "-") for k in (*allowed, *extra)))
-            raise src.error(table, raw, f"unknown key (this table takes: {choices})")
+            names = sorted(k.replace("_", "-") for k in (*allowed, *extra))
+            close = difflib.get_close_matches(raw.replace("_", "-"), names, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise src.error(table, raw, f"unknown key; {hint}(this table takes: "
+                            f"{', '.join(names)})")
         out[name] = value
     return out
 
