@@ -159,3 +159,14 @@ def test_an_unknown_config_name_is_one_line(capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert "'tpu' is neither a file nor a shipped matrix config (cpu, gpu)" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_cli_surface_of_matrix_and_advise(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flags in ((["matrix", "--help"], ["CONFIG", "--out", "--seeds"]),
+                        (["advise", "--help"], ["--from-run", "--from-matrix", "--ckpt-cost"])):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        for flag in flags:
+            assert flag in text, (argv, flag)
