@@ -124,3 +124,22 @@ def test_outputs_depend_on_the_records_only(config: Any, records: Any, tmp_path:
     data = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert {"overall", "suites", "ranking", "slices", "units", "missing"} <= set(data)
     assert "Incomplete" in (tmp_path / "a" / "summary.md").read_text()
+
+
+def test_the_seeds_published_aggregates_follow_from_its_suites() -> None:
+    # Seed 000, Table 5 from its Tables 6 and 8: the drop and gain definitions here are the
+    # seed's (per suite, then averaged).
+    from ecrl.apps.matrix._seed import seed_tables
+
+    rows = seed_tables().suites
+
+    def mean(variant: str, attr: str) -> float:
+        values = [getattr(r, attr).mean for r in rows if r.variant == variant]
+        return sum(values) / len(values)
+
+    assert mean("blocking", "drop_pct") == pytest.approx(-13.2466, abs=1e-4)
+    assert mean("overlapped", "drop_pct") == pytest.approx(-11.5026, abs=1e-4)
+    assert mean("overlapped", "gain_pct") == pytest.approx(1.9931, abs=1e-4)
+    assert mean("overlapped", "stall_reduction_s") == pytest.approx(10.2205, abs=1e-3)
+    assert mean("overlapped", "goodput") == pytest.approx(9.6433, abs=1e-4)
+    assert all(r.gain_pct.mean > 0 for r in rows if r.variant == "overlapped")  # 8/8
