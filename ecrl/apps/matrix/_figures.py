@@ -17,8 +17,10 @@ FIGURES = ("goodput.png", "gain.png", "stall_vs_gain.png")
 _META = {"Software": None}
 
 
-def _err(rows: list[SuiteRow], attr: str) -> list[float]:
-    return [getattr(r, attr).ci95 or 0.0 for r in rows]
+def _err(rows: list[SuiteRow], attr: str) -> list[float] | None:
+    """Error bars: the 95% half-widths, or none at all with one seed (no zero-length caps)."""
+    errs = [getattr(r, attr).ci95 or 0.0 for r in rows]
+    return errs if any(errs) else None
 
 
 def write_figures(tables: Tables, folder: Path) -> list[Path]:
@@ -44,8 +46,9 @@ def write_figures(tables: Tables, folder: Path) -> list[Path]:
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xticks(list(xs), suites, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("goodput / reference goodput")
+    ax.set_ylim(0, max(1.0, *(r.normalized.mean or 0.0 for r in tables.suites)) * 1.18)
     ax.set_title("Goodput by suite and strategy (reference = 1)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", ncol=len(variants))
     fig.tight_layout()
     written.append(folder / "goodput.png")
     fig.savefig(written[-1], dpi=110, metadata=_META)
@@ -81,10 +84,10 @@ def write_figures(tables: Tables, folder: Path) -> list[Path]:
         if not points:
             continue
         ax.errorbar([p[0] for p in points], [p[1] for p in points],
-                    xerr=[r.stall_reduction_s.ci95 or 0.0 for r in rows
-                          if r.stall_reduction_s.mean is not None and r.gain_pct.mean is not None],
-                    yerr=[r.gain_pct.ci95 or 0.0 for r in rows
-                          if r.stall_reduction_s.mean is not None and r.gain_pct.mean is not None],
+                    xerr=_err([r for r in rows if r.stall_reduction_s.mean is not None
+                               and r.gain_pct.mean is not None], "stall_reduction_s"),
+                    yerr=_err([r for r in rows if r.stall_reduction_s.mean is not None
+                               and r.gain_pct.mean is not None], "gain_pct"),
                     fmt="o", capsize=3, label=variant)
         for x, y, name in points:
             ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
