@@ -170,3 +170,14 @@ def test_the_cli_surface_of_matrix_and_advise(capsys: pytest.CaptureFixture[str]
         text = capsys.readouterr().out
         for flag in flags:
             assert flag in text, (argv, flag)
+
+
+def test_a_shipped_name_wins_over_a_folder_of_that_name(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: `ecrl matrix cpu --out cpu`, rerun from the same folder, read the folder.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu").mkdir()
+    assert resolve_config("cpu") == shipped_config("cpu")
+    (tmp_path / "mine.toml").write_text(VALID)
+    assert resolve_config("mine.toml") == Path("mine.toml")
+    assert resolve_config("other.toml") == Path("other.toml")  # load_matrix says: no such file

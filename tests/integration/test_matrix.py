@@ -266,3 +266,21 @@ def test_a_matrix_folder_refuses_another_config(matrix: Matrix, tmp_path: Path) 
     assert done.returncode == 2
     assert "holds the results of another matrix" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_advise_reads_the_matrix_and_its_runs(matrix: Matrix) -> None:
+    done = subprocess.run([sys.executable, "-m", "ecrl.apps.cli", "advise", "--from-matrix",
+                           str(matrix.out), "--mtbf", "3600", "--format", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {r["label"]: r for r in json.loads(done.stdout)}
+    assert set(rows) == {f"{w} {s}" for w in ("fake-tiny", "cifar-tiny")
+                         for s in ("blocking", "overlapped")}
+    for row in rows.values():
+        assert row["units"] == 1 and row["measured"]["step_s"] > 0
+        assert row["measured"]["ckpt_stall_s"] is not None and row["ckpt_every_steps"] >= 1
+    one = subprocess.run([sys.executable, "-m", "ecrl.apps.cli", "advise", "--from-run",
+                          str(matrix.out / "runs" / UNITS[1]), "--mtbf", "3600"],
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    assert "1 restart" in one.stdout and "--ckpt-every" in one.stdout

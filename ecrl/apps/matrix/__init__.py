@@ -63,8 +63,10 @@ def shipped_config(name: str) -> Path:
 
 
 def resolve_config(name: str) -> Path:
-    """A path that exists, else a shipped config's name."""
+    """A file, else a shipped config's name (``cpu`` is shipped even beside a folder ``cpu/``,
+    such as the results of ``--out cpu``)."""
     path = Path(name)
-    if path.exists() or (path.suffix == ".toml" and path.parent != Path(".")):
+    shipped = name.removesuffix(".toml").removeprefix("matrix-") in SHIPPED
+    if path.is_file() or (not shipped and path.suffix == ".toml"):
         return path
     return shipped_config(name)
