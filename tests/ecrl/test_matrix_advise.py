@@ -124,3 +124,11 @@ def test_from_matrix_groups_units_by_workload_and_strategy(failed_once: Path,
     assert set(results) == {"d-m blocking", "d-m overlapped"}  # references have no failures
     assert results["d-m blocking"].units == 2
     assert results["d-m blocking"].given.step_time == pytest.approx(0.05)  # median of 2
+
+
+def test_the_heartbeat_reads_the_newest_attempts_last_step(failed_once: Path,
+                                                           tmp_path: Path) -> None:
+    from ecrl.apps.matrix._runner import _last_step
+
+    assert _last_step(failed_once) == "step 30/30 (attempt 1)"
+    assert _last_step(tmp_path) is None  # nothing launched yet

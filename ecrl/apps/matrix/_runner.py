@@ -57,6 +57,8 @@ EXIT_OK = 0
 EXIT_UNITS_FAILED = 1
 EXIT_INTERRUPTED = 130
 LOCK_WAIT_S = 120.0
+HEARTBEAT_S = 30.0
+"""A long unit reports its step this often."""
 
 Progress = Callable[[str], None]
 
@@ -299,7 +301,11 @@ def run_matrix(config: MatrixConfig, out: Path, *, progress: Progress,
                          f"{_format_s(time.monotonic() - started)} · ETA "
                          f"{eta.remaining(todo[i:])}")
                 t0 = time.monotonic()
-                record = _run_unit(config, unit, out, data_dirs, python)
+
+                def beat(line: str, prefix: str = position) -> None:
+                    progress(f"{prefix} {line}")
+
+                record = _run_unit(config, unit, out, data_dirs, python, beat)
                 seconds = time.monotonic() - t0
                 eta.add(unit, seconds)
                 ran.append(unit.uid)
@@ -342,8 +348,24 @@ def run_matrix(config: MatrixConfig, out: Path, *, progress: Progress,
                              reused=reused, failed=tuple(failed), interrupted=False)
 
 
+def _last_step(run_dir: Path) -> str | None:
+    """``step S/T (attempt A)`` from the newest attempt's rank-0 log, for the heartbeat."""
+    try:
+        state = json.loads((run_dir / "supervisor.json").read_text())
+        target = json.loads((run_dir / "run.json").read_text())["target_steps"]
+        attempt = state["attempts"][-1]["attempt"]
+        path = RunPaths.of(run_dir).rank_log(attempt, 0)
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 4096))
+            lines = handle.read().splitlines()
+        step = json.loads(lines[-1] if lines[-1].endswith(b"}") else lines[-2])["global_step"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return f"step {step + 1}/{target} (attempt {attempt})"
+
+
 def _run_unit(config: MatrixConfig, unit: Unit, out: Path, data_dirs: dict[str, str],
-              python: str) -> dict[str, Any]:
+              python: str, heartbeat: Progress) -> dict[str, Any]:
     """Run one unit from scratch, verify it, and write its record (only if the run completed)."""
     run_dir = out / "runs" / unit.uid
     if run_dir.exists():
@@ -360,7 +382,13 @@ def _run_unit(config: MatrixConfig, unit: Unit, out: Path, data_dirs: dict[str, 
         log.flush()
         proc = _launch(cmd, log)
         try:
-            code = proc.wait()
+            while True:
+                try:
+                    code = proc.wait(timeout=HEARTBEAT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    where = _last_step(run_dir)
+                    heartbeat(f"{unit.uid}: {where or 'starting'}")
         except BaseException:
             _stop(proc)
             raise
