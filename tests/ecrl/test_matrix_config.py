@@ -181,3 +181,11 @@ def test_a_shipped_name_wins_over_a_folder_of_that_name(tmp_path: Path,
     (tmp_path / "mine.toml").write_text(VALID)
     assert resolve_config("mine.toml") == Path("mine.toml")
     assert resolve_config("other.toml") == Path("other.toml")  # load_matrix says: no such file
+
+
+def test_the_config_shown_in_the_docs_is_valid(tmp_path: Path) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "experiments.md"
+    block = docs.read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    config = load_matrix(_write(tmp_path, block))
+    assert [s.name for s in config.suites()] == ["fake-resnet18-base", "cifar10-mini-resnet18-base"]
+    assert config.units()[0].settings["global_batch"] == 16  # the model's override wins
