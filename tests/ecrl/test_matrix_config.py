@@ -189,3 +189,15 @@ def test_the_config_shown_in_the_docs_is_valid(tmp_path: Path) -> None:
     config = load_matrix(_write(tmp_path, block))
     assert [s.name for s in config.suites()] == ["fake-resnet18-base", "cifar10-mini-resnet18-base"]
     assert config.units()[0].settings["global_batch"] == 16  # the model's override wins
+
+
+def test_the_matrix_driver_never_imports_torch() -> None:
+    # ecrl matrix only launches `ecrl run` processes: it starts fast and stays small.
+    import subprocess
+    import sys
+
+    code = ("import sys, ecrl.apps.matrix, ecrl.apps.matrix._runner, ecrl.apps.matrix._advice; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
