@@ -284,3 +284,19 @@ def test_advise_reads_the_matrix_and_its_runs(matrix: Matrix) -> None:
                          capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr
     assert "1 restart" in one.stdout and "--ckpt-every" in one.stdout
+
+
+def test_the_resumed_table_is_the_one_an_uninterrupted_matrix_gives(matrix: Matrix) -> None:
+    # Everything in the unit table that does not measure time is fixed by the config: what an
+    # uninterrupted matrix writes. (Timings differ between any two runs of a unit.)
+    units = _table(matrix.out / "units.csv")
+    digests = {u["suite"]: u["params_digest"] for u in units if u["variant"] == "reference"}
+    fixed = [(u["uid"], u["verdict"], u["exit_code"], u["committed_steps"], u["restarts"],
+              u["expected_restarts"], u["world_sizes"], u["params_digest"]) for u in units]
+    expected = []
+    for uid in UNITS:
+        failures = 0 if "reference" in uid else len(FAIL_AT)
+        workload = "-".join(uid.split("/")[0].split("-")[:2])
+        expected.append((uid, "PASS", "0", "20", str(failures), str(failures),
+                         " ".join(["1"] * (failures + 1)), digests[workload]))
+    assert fixed == expected
