@@ -201,3 +201,14 @@ def test_the_matrix_driver_never_imports_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_a_data_dir_without_the_data_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    path = _write(tmp_path, VALID.replace("dataset-size = 128",
+                                          'dataset = "cifar10"\ndata-dir = "empty"'))
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:12: [datasets.fake] data-dir: {tmp_path / 'empty'}")
+    assert "cifar-10-batches-py" in message and "\n" not in message

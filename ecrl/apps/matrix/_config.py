@@ -341,7 +341,27 @@ def load_matrix(path: str | os.PathLike[str], *, seeds: int | None = None) -> Ma
         strategies=strategies, reference_strategy=reference,
         seeds=tuple(range(first_seed, first_seed + n_seeds)), run=run)
     _check_units(src, config)
+    _check_data(src, config)
     return config
+
+
+def _check_data(src: _Source, config: MatrixConfig) -> None:
+    """Your data sets must be there now, not when their first unit starts.
+
+    The check is the runtime's own (the one ``ecrl run`` makes before launching); its module
+    imports torch, so it is imported only when a data set names a ``data-dir``.
+    """
+    given = [d for d in config.datasets if "data_dir" in d.settings]
+    if not given:
+        return
+    from ecrl.runtime.datasets import check_data_dir
+
+    for d in given:
+        try:
+            check_data_dir(str(d.settings["dataset"]), Path(str(d.settings["data_dir"])))
+        except ConfigError as exc:
+            message = str(exc).removeprefix("--data-dir ")
+            raise src.error(f"datasets.{d.name}", "data_dir", message) from None
 
 
 def _dataset_entry(src: _Source, name: str, settings: dict[str, Any]) -> AxisEntry:

@@ -325,6 +325,9 @@ def run_matrix(config: MatrixConfig, out: Path, *, progress: Progress,
                          + f", restarts {record['metrics'].get('restarts')}, goodput "
                          + (f"{goodput:.3g} steps/s" if goodput else "n/a")
                          + f", {_format_s(seconds)} · ETA {eta.remaining(todo[i + 1:])}")
+                if record["exit_code"]:
+                    progress(f"{position} {unit.uid}: {_last_line(out, unit)} (log: units/"
+                             f"{unit.uid}.log)")
         except _Interrupt:
             interrupted = True
         finally:
@@ -362,6 +365,15 @@ def _last_step(run_dir: Path) -> str | None:
     except (OSError, ValueError, KeyError, IndexError):
         return None
     return f"step {step + 1}/{target} (attempt {attempt})"
+
+
+def _last_line(out: Path, unit: Unit) -> str:
+    """The last line ``ecrl run`` printed: its one-line error when it refused or failed."""
+    try:
+        lines = (out / "units" / f"{unit.uid}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return "no output"
+    return next((line.strip() for line in reversed(lines) if line.strip()), "no output")
 
 
 def _run_unit(config: MatrixConfig, unit: Unit, out: Path, data_dirs: dict[str, str],
