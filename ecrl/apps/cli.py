@@ -198,8 +198,10 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     if args.ckpt_cost is None or args.step_time is None:
         raise ConfigError("give --ckpt-cost and --step-time, or measure them with --from-run RUN "
                           "or --from-matrix DIR")
-    given = AdviceInput(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost or 0.0,
-                        step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus or 1,
+    given = AdviceInput(ckpt_cost=args.ckpt_cost,
+                        restore_cost=args.restore_cost if args.restore_cost is not None else 0.0,
+                        step_time=args.step_time, gpu_failure_rate=rate,
+                        gpus=args.gpus if args.gpus is not None else 1,
                         overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
     advice = advise(given)
     print(json.dumps(advice.as_dict(), indent=2) if args.format == "json"

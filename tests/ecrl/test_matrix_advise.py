@@ -136,3 +136,13 @@ def test_the_heartbeat_reads_the_newest_attempts_last_step(failed_once: Path,
 
     assert _last_step(failed_once) == "step 30/30 (attempt 1)"
     assert _last_step(tmp_path) is None  # nothing launched yet
+
+
+def test_typed_in_advice_still_refuses_zero_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    # --gpus lost its default to tell "not given" (measured: the run's world size) from a value;
+    # a given 0 must still be refused, not replaced by the default.
+    assert main(["advise", "--ckpt-cost", "5", "--step-time", "1", "--mtbf", "100",
+                 "--gpus", "0"]) == 2
+    assert "--gpus must be a positive integer" in capsys.readouterr().err
+    assert main(["advise", "--ckpt-cost", "5", "--step-time", "1", "--mtbf", "100"]) == 0
+    assert "job: 1 GPUs" in capsys.readouterr().out
