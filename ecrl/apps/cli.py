@@ -152,6 +152,36 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ecrl.apps.matrix import default_out, load_matrix, resolve_config, run_matrix
+
+    config = load_matrix(resolve_config(args.config), seeds=args.seeds)
+    out = Path(args.out) if args.out else default_out(config.path)
+    return run_matrix(config, out, progress=lambda line: print(line, file=sys.stderr,
+                                                              flush=True)).exit_code
+
+
+def _advise_measured(args: argparse.Namespace, rate: float) -> int:
+    import json
+
+    from ecrl.apps.matrix import _advice
+
+    flags = _advice.Overrides(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost,
+                              step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus,
+                              overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
+    if args.from_run:
+        one = _advice.from_run(args.from_run, flags)
+        print(json.dumps(one.as_dict(), indent=2) if args.format == "json"
+              else _advice.render_run(one))
+    else:
+        many = _advice.from_matrix(args.from_matrix, flags)
+        print(json.dumps([r.as_dict() for r in many], indent=2) if args.format == "json"
+              else _advice.render_matrix(many))
+    return 0
+
+
 def _cmd_advise(args: argparse.Namespace) -> int:
     import json
 
@@ -163,8 +193,15 @@ def _cmd_advise(args: argparse.Namespace) -> int:
         rate = 1.0 / args.mtbf
     else:
         rate = args.failures_per_gpu_day / SECONDS_PER_DAY
-    given = AdviceInput(ckpt_cost=args.ckpt_cost, restore_cost=args.restore_cost,
-                        step_time=args.step_time, gpu_failure_rate=rate, gpus=args.gpus,
+    if args.from_run or args.from_matrix:
+        return _advise_measured(args, rate)
+    if args.ckpt_cost is None or args.step_time is None:
+        raise ConfigError("give --ckpt-cost and --step-time, or measure them with --from-run RUN "
+                          "or --from-matrix DIR")
+    given = AdviceInput(ckpt_cost=args.ckpt_cost,
+                        restore_cost=args.restore_cost if args.restore_cost is not None else 0.0,
+                        step_time=args.step_time, gpu_failure_rate=rate,
+                        gpus=args.gpus if args.gpus is not None else 1,
                         overhead=args.overhead, job_seconds=args.job_hours * 3600.0)
     advice = advise(given)
     print(json.dumps(advice.as_dict(), indent=2) if args.format == "json"
@@ -190,26 +227,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(run)
     run.set_defaults(func=_cmd_run)
 
-    matrix = sub.add_parser("matrix", help="the experiment matrix (suites × variants)")
-    matrix.add_argument("config", metavar="CONFIG")
-    matrix.set_defaults(func=lambda a: _not_built("matrix", "a later issue"))
+    matrix = sub.add_parser(
+        "matrix", help="the experiment matrix (suites × variants), resume-safe",
+        description="Run data sets × models × failure schedules, each with a reference and every "
+        "checkpoint strategy, as `ecrl run` units judged by ecrl-verify; rerun to resume. "
+        "See docs/experiments.md.")
+    matrix.add_argument("config", metavar="CONFIG",
+                        help="a matrix TOML file, or cpu / gpu for a shipped one")
+    matrix.add_argument("--out", metavar="DIR",
+                        help="output folder (default ./<config name>-results; rerun to resume)")
+    matrix.add_argument("--seeds", type=int, metavar="N",
+                        help="repeat every unit with N seeds, with 95%% confidence intervals")
+    matrix.set_defaults(func=_cmd_matrix)
 
     advise = sub.add_parser(
         "advise", help="checkpoint-interval advice from the seed models",
         description="Young's and Daly's intervals, the optimal periodic frequency and wasted "
         "fraction against just-in-time checkpointing, and CheckHint's checkpoint budget.")
-    advise.add_argument("--ckpt-cost", type=float, required=True, metavar="SECONDS",
-                        help="training time lost to one checkpoint")
-    advise.add_argument("--restore-cost", type=float, default=0.0, metavar="SECONDS",
+    measured = advise.add_mutually_exclusive_group()
+    measured.add_argument("--from-run", metavar="RUN",
+                          help="take step time, checkpoint stall and restore time from this "
+                          "run's logs (flags given override them)")
+    measured.add_argument("--from-matrix", metavar="DIR",
+                          help="the same per workload and strategy of an `ecrl matrix` folder")
+    advise.add_argument("--ckpt-cost", type=float, metavar="SECONDS",
+                        help="training time lost to one checkpoint (required unless measured)")
+    advise.add_argument("--restore-cost", type=float, metavar="SECONDS",
                         help="fixed cost of one recovery: relaunch and load (default 0)")
-    advise.add_argument("--step-time", type=float, required=True, metavar="SECONDS",
-                        help="duration of one training step")
+    advise.add_argument("--step-time", type=float, metavar="SECONDS",
+                        help="duration of one training step (required unless measured)")
     rate = advise.add_mutually_exclusive_group(required=True)
     rate.add_argument("--failures-per-gpu-day", type=float, metavar="F",
                       help="failure rate of one GPU")
     rate.add_argument("--mtbf", type=float, metavar="SECONDS",
                       help="mean time between failures of one GPU")
-    advise.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs in the job (1)")
+    advise.add_argument("--gpus", type=int, metavar="N",
+                        help="GPUs in the job (1; measured: the run's world size)")
     advise.add_argument("--overhead", type=float, default=0.05, metavar="O",
                         help="CheckHint allowance, a fraction of compute time (0.05)")
     advise.add_argument("--job-hours", type=float, default=24.0, metavar="H",
