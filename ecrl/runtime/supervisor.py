@@ -53,7 +53,7 @@ from ecrl.contract.runformat import (
 from ecrl.runtime._proc import signal_on_parent_death
 from ecrl.runtime.failure import FiredFailure, read_fatal, read_fired, remaining
 from ecrl.runtime.launchenv import AttemptEnv
-from ecrl.runtime.persist import load_latest_verified, read_latest
+from ecrl.runtime.persist import ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.runconfig import RunConfig
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifest",
@@ -67,6 +67,10 @@ _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "targe
                     "model")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _torchrun_preexec() -> None:
@@ -224,6 +228,7 @@ class Supervisor:
     state: SupervisorState = field(init=False)
     _stop: int | None = field(default=None, init=False)
     _lock: IO[bytes] | None = field(default=None, init=False)
+    _choice: ResumeChoice | None = field(default=None, init=False)
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -240,20 +245,23 @@ class Supervisor:
                                               explicit=self.config.explicit)
             _check_same_run(existing, plan_manifest(self.config), root)
             self._take_lock()
-            self._resume_point()  # a corrupt latest checkpoint stops us before any write
             state = (read_json_record(self.paths.supervisor, SupervisorState)
                      if self.paths.supervisor.exists()
                      else SupervisorState(attempts=[], restarts=0, status="running"))
             if state.status == "completed":
+                # Before any checkpoint is looked at: a finished run needs none of them.
                 self.out(f"ecrl run: {root} is already complete ({existing.target_steps} steps); "
                          "nothing to do")
                 return False
+            self.manifest, self.state = existing, state
+            # No valid checkpoint left for a run that committed some: stop before any write.
+            self._choice = self._resume_point()
             attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
             config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             write_json_record(self.paths.manifest, self.manifest)
             self.state = replace(state, attempts=attempts, status="running")
-            self.out(f"ecrl run: resuming {root} ({len(attempts)} earlier attempts)")
+            self.out(f"ecrl run: resuming {root} ({_count(len(attempts), 'earlier attempt')})")
         else:
             planned = plan_manifest(self.config)
             if root.exists() and any(root.iterdir()):
@@ -294,11 +302,17 @@ class Supervisor:
 
     # --- one attempt ---------------------------------------------------------------------------
 
-    def _resume_point(self) -> LatestPointer | None:
-        pointer = read_latest(self.paths)
-        if pointer is not None:
-            load_latest_verified(self.paths, pointer)  # raises CheckpointError, never loads
-        return pointer
+    def _resume_point(self) -> ResumeChoice:
+        """Where the next attempt resumes: persist.choose_resume (raises CheckpointError when
+        committed progress has no valid checkpoint left; never loads anything)."""
+        attested = [int(p["global_step"]) for p in
+                    self.state.extra.get("resume_points", {}).values()
+                    if isinstance(p, dict) and isinstance(p.get("global_step"), int)]
+        geometry = semantics.Geometry(dataset_size=self.manifest.dataset_size,
+                                      global_batch=self.manifest.global_batch)
+        return choose_resume(
+            self.paths, locate=geometry.locate, attested=attested,
+            restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
     def _command(self, attempt: int, world: int) -> list[str]:
         c = self.config
@@ -407,19 +421,26 @@ class Supervisor:
                     self._finish("stopped")
                     return EXIT_STOPPED
                 try:
-                    pointer = self._resume_point()
+                    choice = self._choice or self._resume_point()
                 except (CheckpointError, RunFormatError) as exc:
                     self.err(f"ecrl run: error: {exc}")
                     self._finish("failed")
                     return EXIT_FAILED
-                outcome = self._attempt(pointer)
+                self._choice = None
+                outcome = self._attempt(choice)
                 code = self._conclude(outcome, relaunches)
                 if code is not None:
                     return code
                 relaunches += 1
 
-    def _attempt(self, pointer: LatestPointer | None) -> _Outcome:
-        """Launch one attempt from ``pointer``, wait for it, record and classify its end."""
+    def _attempt(self, choice: ResumeChoice) -> _Outcome:
+        """Launch one attempt from ``choice``, wait for it, record and classify its end."""
+        pointer = choice.pointer
+        if choice.repaired and pointer is not None:
+            # The supervisor holds the run's lock and no rank runs: repairing the pointer keeps
+            # latest.json naming the checkpoint the run really continues from.
+            self.err(f"ecrl run: {choice.describe(self.paths)}")
+            write_json_record(self.paths.latest, pointer)
         target = self.manifest.target_steps
         attempt = self._next_attempt()
         world = self.manifest.world_size_of(attempt)
@@ -434,9 +455,13 @@ class Supervisor:
             # The supervisor's own testimony (it verified the checksum just before): evidence
             # of the resume point for ecrl-verify should the writer have died after publishing
             # latest.json but before logging the checkpoint event.
-            extra["resume_points"] = {**extra.get("resume_points", {}), str(attempt): {
-                "global_step": pointer.global_step, "path": pointer.path,
-                "checksum": pointer.checksum}}
+            point: dict[str, Any] = {"global_step": pointer.global_step, "path": pointer.path,
+                                     "checksum": pointer.checksum, "reason": choice.reason}
+            if choice.problem is not None:
+                point["problem"] = choice.problem
+            if choice.rejected:
+                point["rejected"] = list(choice.rejected)
+            extra["resume_points"] = {**extra.get("resume_points", {}), str(attempt): point}
         self.state = replace(self.state, attempts=[*self.state.attempts, record],
                              restarts=len(self.state.attempts), extra=extra)
         self._save()
