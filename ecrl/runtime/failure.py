@@ -190,6 +190,8 @@ class RankError:
     """The traceback's last line: ``module.Type: message``."""
     where: str | None
     """The innermost ``File "…", line N`` of the traceback, if any."""
+    reported: bool = False
+    """The rank's own ``ecrl trainer (rank N): …`` line, not a traceback."""
 
 
 _PREFIX = re.compile(r"^\[rank(\d+)\]:(?: |$)")
@@ -214,11 +216,14 @@ def rank_errors(text: str) -> list[RankError]:
         cause = _ROOT_CAUSE.match(raw)
         if cause is not None and root is None:
             root = int(cause.group(1))
-    found: list[RankError] = []
+    own: dict[int | None, RankError] = {}
+    traced: dict[int | None, RankError] = {}
     for rank, lines in streams.items():
         error = _last_error(lines, rank)
         if error is not None:
-            found.append(error)
+            (own if error.reported else traced)[error.rank] = error
+    # A rank's own one-line report says more than its traceback (which it then did not print).
+    found = list({**traced, **own}.values())
     found.sort(key=lambda e: (e.rank != root, e.rank is None, e.rank or 0))
     return found
 
@@ -230,7 +235,8 @@ def _last_error(lines: list[str], rank: int | None) -> RankError | None:
     for line in reversed(lines):
         own = _OWN_REPORT.match(line)
         if own is not None:
-            return RankError(rank=int(own.group(1)), exception=own.group(2), where=None)
+            return RankError(rank=int(own.group(1)), exception=own.group(2), where=None,
+                             reported=True)
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
     for start in reversed(starts):
         where = None
