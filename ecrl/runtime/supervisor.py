@@ -280,7 +280,8 @@ class Supervisor:
             config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             self._write(self.paths.manifest, self.manifest)
-            self.state = replace(state, attempts=attempts, status="running")
+            self.state = replace(state, attempts=attempts, status="running",
+                                 extra=self._fired_in_stale(state))
             self.out(f"ecrl run: resuming {root} ({_count(len(attempts), 'earlier attempt')})")
         else:
             planned = plan_manifest(self.config)
@@ -303,6 +304,18 @@ class Supervisor:
         logs = self.paths.rank_logs(a.attempt).values()
         end = max((p.stat().st_mtime for p in logs), default=None)
         return replace(a, status="failed", first_step=first, last_step=last, end_time=end)
+
+    def _fired_in_stale(self, state: SupervisorState) -> dict[str, Any]:
+        """``extra`` with the injected failures that attempts left 'running' fired: a supervisor
+        that died (or could not write supervisor.json) before recording them must not make the
+        same failure fire twice."""
+        fired = list(state.extra.get("injected_failures", []))
+        for a in state.attempts:
+            marker = read_fired(self.paths, a.attempt) if a.status == "running" else None
+            if marker is not None and all(f.get("attempt") != a.attempt for f in fired):
+                fired.append({"attempt": a.attempt, "global_step": marker.global_step,
+                              "rank": marker.rank})
+        return {**state.extra, "injected_failures": fired}
 
     def _take_lock(self) -> None:
         handle = open(self.paths.root / LOCK_FILE, "ab")  # noqa: SIM115 - held for the run
