@@ -10,8 +10,12 @@ rank 0's step log for progress; when torchrun exits it classifies the exit:
 - injected failure (the failing rank left ``failure.json``) → relaunch;
 - ``fatal.json`` (a problem no restart can fix, e.g. a corrupt checkpoint) → stop, report it;
 - any other exit (a crash) → relaunch, with the tail of ``torchrun.log`` shown;
-- Ctrl-C or SIGTERM → torchrun is stopped (it stops the ranks), the attempt and the run are
-  recorded as ``stopped``; running ``ecrl run`` again with the same ``--out`` continues.
+- Ctrl-C, SIGTERM or SIGHUP (a closed terminal) → torchrun is stopped (it stops the ranks), the
+  attempt and the run are recorded as ``stopped``; ``ecrl run`` again with the same ``--out``
+  continues.
+
+Printing is never a reason to stop: once stdout or stderr is gone (``ecrl run … | head``, a
+closed terminal) the supervisor stops printing to it and goes on supervising.
 
 ``supervisor.json`` is rewritten atomically after every change. The supervisor never edits a
 checkpoint. It does not import torch unless the data set must be read to learn its size.
@@ -228,6 +232,29 @@ class _Outcome:
     """A crash: the failing rank's own exception, from ``torchrun.log``."""
 
 
+@dataclass(slots=True)
+class _Emitter:
+    """Prints lines to stdout or stderr until the stream breaks, then silently drops them."""
+
+    stream: str
+    broken: bool = False
+
+    def __call__(self, line: str) -> None:
+        if self.broken:
+            return
+        handle = sys.stdout if self.stream == "stdout" else sys.stderr
+        try:
+            print(line, file=handle, flush=True)
+        except (OSError, ValueError):  # EPIPE, EIO from a hung-up terminal, a closed file
+            self.broken = True
+            # The interpreter flushes the stream again at exit: let that land in /dev/null
+            # instead of printing "Exception ignored … BrokenPipeError" and exiting 120.
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, handle.fileno())
+                os.close(devnull)
+
+
 class _DiskFull(Exception):
     """The supervisor could not write one of its files: no space, quota, read-only."""
 
@@ -237,9 +264,8 @@ class Supervisor:
     """Runs one ``ecrl run``; :meth:`run` returns the exit code."""
 
     config: RunConfig
-    out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
-    err: Callable[[str], None] = field(
-        default=lambda line: print(line, file=sys.stderr, flush=True))
+    out: Callable[[str], None] = field(default_factory=lambda: _Emitter("stdout"))
+    err: Callable[[str], None] = field(default_factory=lambda: _Emitter("stderr"))
     poll_s: float = 0.25
     paths: RunPaths = field(init=False)
     manifest: RunManifest = field(init=False)
@@ -433,7 +459,10 @@ class Supervisor:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP: the terminal was closed; stop the job cleanly, like Ctrl-C, so that the run is
+        # recorded as stopped and continues later, instead of dying with torchrun orphaned.
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             yield
         finally:
