@@ -267,6 +267,8 @@ class Supervisor:
     out: Callable[[str], None] = field(default_factory=lambda: _Emitter("stdout"))
     err: Callable[[str], None] = field(default_factory=lambda: _Emitter("stderr"))
     poll_s: float = 0.25
+    marker: dict[str, Any] = field(default_factory=dict)
+    """Extra keys for a new run's ``run.json`` (``ecrl demo`` marks the directories it owns)."""
     paths: RunPaths = field(init=False)
     manifest: RunManifest = field(init=False)
     state: SupervisorState = field(init=False)
@@ -316,6 +318,7 @@ class Supervisor:
                                   "a new or empty directory")
             root.mkdir(parents=True, exist_ok=True)
             self._take_lock()
+            planned = replace(planned, extra={**planned.extra, **self.marker})
             self.manifest = planned
             self._write(self.paths.manifest, planned)
             self.state = SupervisorState(attempts=[], restarts=0, status="running",
