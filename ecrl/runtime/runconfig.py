@@ -45,6 +45,9 @@ _KIND_NAMES: dict[type | tuple[type, ...], str] = {
     str: "a string", bool: "true or false", (int, float): "a number",
 }
 DEFAULT_STEPS = 200
+MAX_INT = (1 << 63) - 1
+"""Every integer setting fits a signed 64-bit integer: what run.json's readers (and the
+contract's step arithmetic) accept."""
 
 
 def parse_int_list(flag: str, value: Any) -> tuple[int, ...]:
@@ -143,6 +146,12 @@ class RunConfig:
             if kind is not None and value is not None and not (
                     isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))):
                 raise bad(f.name.replace("_", "-"), f"must be {_KIND_NAMES[kind]}, got {value!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, int) and not isinstance(v, bool) and v > MAX_INT
+                   for v in values):
+                raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
         if not self.out:
             raise bad("out", "must name a directory")
         if self.strategy not in STRATEGIES:
@@ -236,6 +245,9 @@ class RunConfig:
         geometry = self.geometry(dataset_size)
         if self.epochs is not None:
             target = self.epochs * geometry.steps_per_epoch
+            if target > MAX_INT:
+                raise ConfigError(f"--epochs {self.epochs}: {target} steps is more than the "
+                                  f"{MAX_INT} a run can have")
         else:
             target = self.steps if self.steps is not None else DEFAULT_STEPS
         late = [f for f in self.fail_at if f >= target]

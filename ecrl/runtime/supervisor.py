@@ -81,6 +81,26 @@ _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--ep
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
 
 
+def _check_out(given: str, root: Path) -> None:
+    """--out must be a directory, or creatable: checked before anything is written."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {given} is a file, not a directory: choose a new or empty "
+                          "directory")
+    parent = root
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _is_pseudo(parent):
+        raise ConfigError(f"--out {given}: {parent} is not a directory ECRL can create files "
+                          "in: choose a writable place")
+
+
+def _is_pseudo(path: Path) -> bool:
+    """A kernel file system (/proc, /sys) where no run directory can be created."""
+    with contextlib.suppress(OSError):
+        return os.statvfs(path).f_blocks == 0
+    return False
+
+
 def _after_step(step: int | None) -> str:
     return "before completing a step" if step is None else f"after step {step}"
 
@@ -283,6 +303,7 @@ class Supervisor:
     def _open_run(self) -> bool:
         """Create or reopen the run directory; False when the run is already complete."""
         root = Path(self.config.out).resolve()
+        _check_out(self.config.out, root)
         self.paths = RunPaths.of(root)
         if self.paths.manifest.exists():
             existing = read_json_record(self.paths.manifest, RunManifest)
@@ -316,7 +337,11 @@ class Supervisor:
             if root.exists() and any(root.iterdir()):
                 raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
                                   "a new or empty directory")
-            root.mkdir(parents=True, exist_ok=True)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"--out {self.config.out}: cannot create the directory "
+                                  f"({exc.strerror}): choose a writable place") from None
             self._take_lock()
             planned = replace(planned, extra={**planned.extra, **self.marker})
             self.manifest = planned
