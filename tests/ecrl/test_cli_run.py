@@ -73,5 +73,5 @@ def test_demo_never_replaces_a_directory_that_is_not_a_run(tmp_path: Path) -> No
     (tmp_path / "demo-run").mkdir()
     (tmp_path / "demo-run" / "notes.txt").write_text("mine")
     out = ecrl("demo", cwd=tmp_path)
-    assert out.returncode == 2 and "is not an ECRL run" in out.stderr
+    assert out.returncode == 2 and "was not created by ecrl demo" in out.stderr
     assert (tmp_path / "demo-run" / "notes.txt").read_text() == "mine"
