@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 NOT_BUILT_EXIT = 2
 
 
-def _not_built(name: str, issue: str) -> int:
-    print(f"ecrl {name}: not built yet ({issue}); see README.md for what works today",
-          file=sys.stderr)
+def _not_built(name: str, instead: str) -> int:
+    """One line: this feature is not in this version, and what works instead."""
+    print(f"ecrl {name}: not available in this version; {instead}", file=sys.stderr)
     return NOT_BUILT_EXIT
 
 
@@ -104,9 +104,12 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _run_config(args)
     if config.strategy not in BUILT_STRATEGIES:
-        return _not_built(f"run --strategy {config.strategy}", "a later issue")
+        return _not_built(f"run --strategy {config.strategy}",
+                          f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
     if config.deadline is not None:
-        return _not_built("run --deadline", "a later issue")
+        return _not_built("run --deadline", "checkpoints come every --ckpt-every steps, and "
+                          "Ctrl-C or SIGTERM stops the job at the last durable one; run `ecrl "
+                          "run --out DIR` again to continue")
     from ecrl.runtime.supervisor import Supervisor
 
     return Supervisor(config).run()
@@ -137,7 +140,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             if exc.name != module_name:
                 raise
-            print(f"ecrl bench {name}: not built yet", file=sys.stderr)
+            print(f"ecrl bench {name}: not available in this version; `ecrl bench --help` lists "
+                  "the others", file=sys.stderr)
             status = NOT_BUILT_EXIT
             continue
 
@@ -192,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     matrix = sub.add_parser("matrix", help="the experiment matrix (suites × variants)")
     matrix.add_argument("config", metavar="CONFIG")
-    matrix.set_defaults(func=lambda a: _not_built("matrix", "a later issue"))
+    matrix.set_defaults(func=lambda a: _not_built(
+        "matrix", "run each configuration with `ecrl run` and check it with `ecrl-verify`"))
 
     advise = sub.add_parser(
         "advise", help="checkpoint-interval advice from the seed models",

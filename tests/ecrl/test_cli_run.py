@@ -40,7 +40,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
 def test_later_strategies_are_not_built_yet(tmp_path: Path, args: list[str]) -> None:
     out = ecrl("run", "--out", "run", *args, cwd=tmp_path)
     assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "not built yet" in out.stderr
+    assert out.stderr.count("\n") == 1 and "not available in this version" in out.stderr
+    assert "a later issue" not in out.stderr
+    if args[0] == "--strategy":
+        assert "use none, blocking or overlapped" in out.stderr
+    else:
+        assert "--ckpt-every" in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 
