@@ -135,7 +135,7 @@ def test_an_unsaveable_value_is_named_at_the_first_save(tmp_path: Path) -> None:
     done = kr.finish(program, cwd=tmp_path, env=env)
     assert done.returncode == 1
     line = done.stderr.strip().splitlines()[-1]
-    assert "train.py:12: cannot save `it` (a generator)" in line, done.stderr
+    assert "original.py:12: cannot save `it` (a generator)" in line, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
 

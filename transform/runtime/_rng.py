@@ -1,0 +1,42 @@
+"""Random states: every global generator the program can have touched, captured and restored.
+
+``random`` always; NumPy's global state and torch's CPU (and, once initialised, CUDA) states only
+when the program imported those libraries itself — this module never imports them to look.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["rng_state", "set_rng_state"]
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global random state the program can have touched (numpy, torch only if loaded)."""
+    state: dict[str, Any] = {"random": random.getstate()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["random"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
