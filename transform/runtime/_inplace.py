@@ -64,7 +64,10 @@ def anchor_kind(obj: Any) -> str | None:
 
 def anchor_state(kind: str, obj: Any) -> Any:
     if kind == "module":
-        return obj.state_dict(), [(name, m.training) for name, m in obj.named_modules()]
+        # state_dict leaves out the gradients; between backward() and step() they are state.
+        grads = [(name, p.grad) for name, p in obj.named_parameters() if p.grad is not None]
+        return (obj.state_dict(), [(name, m.training) for name, m in obj.named_modules()],
+                grads)
     if kind == "state_dict":
         return obj.state_dict()
     if kind == "random":
@@ -87,12 +90,15 @@ def apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
         raise CheckpointError(f"cannot resume: `{what}` is now a {type(current).__name__}, "
                               "not what was saved")
     if kind == "module":
-        weights, flags = state
+        weights, flags, grads = state
         current.load_state_dict(weights)
         modes = dict(flags)
         for name, m in current.named_modules():
             if name in modes:
                 m.training = modes[name]
+        saved_grads = dict(grads)
+        for name, p in current.named_parameters():
+            _restore_grad(p, saved_grads.get(name))
     elif kind == "state_dict":
         current.load_state_dict(state)
     elif kind == "random":
@@ -115,7 +121,7 @@ def apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
                 current.data = data.clone()
             else:
                 current.copy_(data)
-        current.grad = grad
+        _restore_grad(current, grad)
     elif kind == "torch_generator":
         current.set_state(state)
     else:
@@ -137,3 +143,19 @@ def update_container(current: Any, saved: Any) -> bool:
     else:
         return False
     return True
+
+
+def _restore_grad(tensor: Any, grad: Any) -> None:
+    """The saved gradient, into the tensor's own ``.grad`` when it has one of the same layout
+    (an optimizer or a hook may hold it), else as a new one."""
+    current = tensor.grad
+    if grad is None:
+        tensor.grad = None
+    elif current is not None and current.shape == grad.shape and current.dtype == grad.dtype \
+            and current.device == grad.device:
+        import torch
+
+        with torch.no_grad():
+            current.copy_(grad)
+    else:
+        tensor.grad = grad.to(tensor.device)

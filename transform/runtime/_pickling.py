@@ -41,13 +41,45 @@ def describe(token: tuple[str, ...]) -> str:
     return f"{kind} `{token[3]}` of `{token[1]}`"
 
 
+def _set_state_and_grad(obj: Any, state: tuple[Any, Any]) -> None:
+    """Unpickling a tensor that had a gradient: its own state as pickle would set it, then
+    ``.grad`` (which a tensor's own reduction leaves out)."""
+    own, grad = state
+    if own is not None:
+        setstate = getattr(obj, "__setstate__", None)
+        if setstate is not None:
+            setstate(own)
+        else:
+            obj.__dict__.update(own)
+    obj.grad = grad
+
+
 class _Pickler(pickle.Pickler):
+    def __init__(self, file: Any, protocol: int | None = None, **kwargs: Any) -> None:
+        super().__init__(file, protocol, **kwargs)
+        self.protocol = pickle.DEFAULT_PROTOCOL if protocol is None else protocol
+
     def reducer_override(self, obj: Any) -> Any:
         token = _DUMP_ANCHORS.get(id(obj))
         if token is not None:
             return _anchor, (token,)
         if isinstance(obj, types.ModuleType):
             return importlib.import_module, (obj.__name__,)
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        if obj.grad_fn is not None:
+            # torch would save it as a leaf: backward() after the resume would silently stop
+            # reaching the parameters it came from.
+            raise pickle.PicklingError(
+                f"it is part of an autograd graph (grad_fn {type(obj.grad_fn).__name__}), which "
+                "cannot be saved; keep a detached value (`.detach()`, `.item()`) across the "
+                "checkpoint")
+        if obj.grad is not None:
+            # Accumulated gradients (a checkpoint between backward() and step()) are state.
+            reduced = obj.__reduce_ex__(self.protocol)
+            own = reduced[2] if len(reduced) > 2 else None
+            return reduced[0], reduced[1], (own, obj.grad), None, None, _set_state_and_grad
         return NotImplemented
 
 

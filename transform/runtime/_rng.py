@@ -1,7 +1,11 @@
-"""Random states: every global generator the program can have touched, captured and restored.
+"""Random states and process-wide numeric settings, captured and restored.
 
 ``random`` always; NumPy's global state and torch's CPU (and, once initialised, CUDA) states only
 when the program imported those libraries itself — this module never imports them to look.
+
+torch's process-wide settings travel too: a resumed program skips the statements that set them,
+and each changes results (the default dtype; the thread count changes the order of reductions,
+so the low bits of every sum; deterministic algorithms; float32 matmul precision).
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ def rng_state() -> dict[str, Any]:
         state["torch"] = torch.get_rng_state()
         if torch.cuda.is_initialized():
             state["cuda"] = torch.cuda.get_rng_state_all()
+        state["torch_settings"] = {
+            "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+            "num_threads": torch.get_num_threads(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+        }
     return state
 
 
@@ -40,3 +50,10 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
         if "cuda" in state:
             torch.cuda.set_rng_state_all(state["cuda"])
+        settings = state.get("torch_settings")
+        if settings is not None:
+            torch.set_default_dtype(getattr(torch, settings["default_dtype"]))
+            if torch.get_num_threads() != settings["num_threads"]:
+                torch.set_num_threads(settings["num_threads"])
+            torch.use_deterministic_algorithms(settings["deterministic"])
+            torch.set_float32_matmul_precision(settings["matmul_precision"])
