@@ -1,4 +1,4 @@
-"""The typed plan between codegen and runtime: round trip, and another version refused in one line."""
+"""The typed plan between codegen and runtime: round trip; another version refused in one line."""
 
 from __future__ import annotations
 
