@@ -57,6 +57,8 @@ class ExitWatch:
 
     @classmethod
     def at_exit(cls) -> None:
+        if cls.failed:
+            return  # the failure said why; the resume state stays
         for program in cls.programs:
             stuck = [a for a in program.walking if not a.run]
             if stuck:
@@ -67,7 +69,5 @@ class ExitWatch:
                                  "report this with the program)\n")
                 sys.stderr.flush()
                 os._exit(70)
-        if cls.failed:
-            return
         for program in cls.programs:
             program.complete()

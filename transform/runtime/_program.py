@@ -17,15 +17,17 @@ from typing import Any
 from transform.planspec import HintSpec, Plan, PlanError
 from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
-from transform.runtime._pickling import dumps, loads
+from transform.runtime._pickling import dumps, loads, set_program
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
 
-__all__ = ["Program", "Activation", "KILL_ENV", "SKIP"]
+__all__ = ["Program", "Activation", "KILL_ENV", "DEDUP_ENV", "SKIP"]
 
 KILL_ENV = "ECRL_TRANSFORM_KILL_AT"
 """Failure injection for tests: ``N`` (SIGKILL right after the N-th save of this process) or
 ``N:POINT`` (during the N-th save, at an :data:`ecrl.contract.atomicio.CRASH_POINTS` step)."""
+DEDUP_ENV = "ECRL_TRANSFORM_DEDUP"
+"""``0`` writes every value into every checkpoint (no blob saved once): the benchmark's baseline."""
 
 
 # --------------------------------------------------------------------------- program, regions
@@ -48,6 +50,11 @@ class Program:
         self.path = self.state_dir.path
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.entries: dict[str, int] = {}
+        # Functions and classes are found in, and closures bound to, the program's namespace.
+        set_program(sys._getframe(1).f_globals, file)
+        self.dedup = os.environ.get(DEDUP_ENV, "1") != "0"
+        if self.rank == 0:
+            self.state_dir.clean()
         self.pending: StoredState | None = self.state_dir.read(self.plan.source)
         self.walking: list[Activation] = []
         self.saves = 0
@@ -68,7 +75,7 @@ class Program:
         return Activation(self, region, entry, None, sys._getframe(1))
 
     # -- writing
-    def write(self, header: dict[str, Any], data: bytes) -> None:
+    def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes]) -> None:
         self.saves += 1
         hook: Callable[[str], None] | None = None
         kill = self.kill_at
@@ -79,7 +86,9 @@ class Program:
                 if step == point:
                     os.kill(os.getpid(), signal.SIGKILL)
         if self.rank == 0:
-            self.state_dir.write(header, data, hook=hook)
+            if self.saves == 1:
+                self.state_dir.prepare()
+            self.state_dir.write(header, data, blobs, hook=hook)
         if kill is not None and kill == (self.saves, "after"):
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -283,7 +292,7 @@ class Activation:
                     token[2]]
                 obj = getattr(obj, getter)(token[3])
             current[token] = obj
-        payload = loads(header["kind"], state.data, current)
+        payload = loads(state.data, current, header["globals"], self.program.state_dir.blob)
         state.payload = payload
         for token_list, saved in payload["anchor_states"]:
             token = tuple(token_list)
@@ -370,15 +379,17 @@ class Activation:
             "pending": self.pending,
         }
         try:
-            kind, data = dumps(payload, anchors)
+            dumped = dumps(payload, anchors, dedup=program.dedup)
+        except CheckpointError:
+            raise
         except Exception as exc:
             raise _unsaveable(program, hint, info, values, anchors, exc) from None
         header = {
             "program": program.plan.source, "region": self.region,
-            "entry": self.entry, "hint": hint, "kind": kind,
+            "entry": self.entry, "hint": hint, "globals": dumped.globals,
             "anchors": {json.dumps(list(t)): k for t, k in _token_kinds(anchors, values)},
         }
-        program.write(header, data)
+        program.write(header, dumped.data, dumped.blobs)
 
     def _anchors(self, values: Mapping[str, Any], global_names: set[str]
                  ) -> tuple[dict[int, tuple[str, ...]], list[tuple[list[str], Any]]]:

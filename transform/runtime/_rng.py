@@ -1,4 +1,4 @@
-"""Random states and process-wide numeric settings, captured and restored.
+"""Random states and process-wide settings (numeric, working directory), captured and restored.
 
 ``random`` always; NumPy's global state and torch's CPU (and, once initialised, CUDA) states only
 when the program imported those libraries itself — this module never imports them to look.
@@ -10,17 +10,21 @@ so the low bits of every sum; deterministic algorithms; float32 matmul precision
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from transform.runtime._exit import CheckpointError
 
 __all__ = ["rng_state", "set_rng_state"]
 
 
 def rng_state() -> dict[str, Any]:
     """Every global random state the program can have touched (numpy, torch only if loaded)."""
-    state: dict[str, Any] = {"random": random.getstate()}
+    # The working directory too: the walk skips the os.chdir that set it.
+    state: dict[str, Any] = {"random": random.getstate(), "cwd": os.getcwd()}
     np = sys.modules.get("numpy")
     if np is not None:
         state["numpy"] = np.random.get_state()
@@ -40,6 +44,13 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(state["random"])
+    if "cwd" in state and os.getcwd() != state["cwd"]:
+        try:
+            os.chdir(state["cwd"])
+        except OSError as exc:
+            raise CheckpointError(f"cannot resume: the saved working directory {state['cwd']} "
+                                  f"cannot be entered ({exc.strerror}); restore it, or remove "
+                                  "the resume state to start over") from None
     if "numpy" in state:
         import numpy as np
 
