@@ -238,10 +238,12 @@ class _Pickler(cloudpickle.Pickler):
             data = memoryview(torch.empty(0, dtype=torch.uint8).set_(cpu).numpy())
             return ("storage", key, dtype, str(untyped.device), *self._blob(data))
         if self.blobs is not None and kind.__module__ == "numpy" and kind.__name__ == "ndarray" \
-                and obj.nbytes >= BLOB_MIN_BYTES and obj.base is None \
-                and obj.flags.c_contiguous and not obj.dtype.hasobject:
+                and obj.nbytes >= BLOB_MIN_BYTES and obj.flags.c_contiguous \
+                and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None:
+            # Plain dtypes only: their ``str`` names them exactly (a structured one would lose
+            # its fields). A view comes back as a copy, as with plain pickling.
             key = self._key(obj, id(obj))
-            data = memoryview(obj).cast("B")
+            data = memoryview(obj.reshape(-1).view("u1"))
             return ("ndarray", key, obj.dtype.str, obj.shape, *self._blob(data))
         return None
 

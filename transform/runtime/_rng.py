@@ -10,6 +10,7 @@ so the low bits of every sum; deterministic algorithms; float32 matmul precision
 
 from __future__ import annotations
 
+import array
 import os
 import random
 import sys
@@ -24,7 +25,10 @@ __all__ = ["rng_state", "set_rng_state"]
 def rng_state() -> dict[str, Any]:
     """Every global random state the program can have touched (numpy, torch only if loaded)."""
     # The working directory too: the walk skips the os.chdir that set it.
-    state: dict[str, Any] = {"random": random.getstate(), "cwd": os.getcwd()}
+    version, words, gauss = random.getstate()
+    # The Mersenne Twister's 625 words as bytes: one item to pickle (and to scan), not 625.
+    state: dict[str, Any] = {"random": (version, array.array("Q", words).tobytes(), gauss),
+                             "cwd": os.getcwd()}
     np = sys.modules.get("numpy")
     if np is not None:
         state["numpy"] = np.random.get_state()
@@ -43,7 +47,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(state["random"])
+    version, words, gauss = state["random"]
+    random.setstate((version, tuple(array.array("Q", words)), gauss))
     if "cwd" in state and os.getcwd() != state["cwd"]:
         try:
             os.chdir(state["cwd"])
