@@ -71,3 +71,28 @@ def test_a_live_autograd_graph_is_refused_at_the_first_save(tmp_path) -> None:
     assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
     assert "original.py:11: cannot save `total` (a Tensor)" in done.stderr
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
+
+
+SHARED_VIEW = """
+import numpy as np
+from transform import _checkpoint
+
+params = np.zeros(8)
+head = params[:4]
+for step in range(10):
+    params += 1.0
+    head *= 0.5
+    _checkpoint()
+print(params, head)
+"""
+
+
+def test_arrays_sharing_memory_are_refused_at_the_first_save(tmp_path) -> None:
+    # Pickled apart, a view and its base would stop sharing memory after a resume.
+    _, program, env = prepare(tmp_path, SHARED_VIEW, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    line = done.stderr.strip()
+    assert line.splitlines() == [line], done.stderr
+    assert line.startswith("ecrl-transform: original.py:10: cannot save the live values at this "
+                           "checkpoint") and "share memory" in line, line

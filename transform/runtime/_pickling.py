@@ -202,6 +202,8 @@ class _Pickler(cloudpickle.Pickler):
         """Digest → bytes of the blobs written so far; None: everything inline."""
         self.keys: dict[int, int] = {}
         self.keep: list[Any] = []  # objects keyed by id stay alive until the dump ends
+        self.arrays: list[Any] = []
+        """Every NumPy array in the payload: pickled apart, arrays sharing memory stop sharing."""
 
     def _key(self, obj: Any, ident: int) -> int:
         key = self.keys.get(ident)
@@ -237,6 +239,8 @@ class _Pickler(cloudpickle.Pickler):
             cpu = untyped.cpu() if untyped.device.type != "cpu" else untyped
             data = memoryview(torch.empty(0, dtype=torch.uint8).set_(cpu).numpy())
             return ("storage", key, dtype, str(untyped.device), *self._blob(data))
+        if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
+            self.arrays.append(obj)
         if self.blobs is not None and kind.__module__ == "numpy" and kind.__name__ == "ndarray" \
                 and obj.nbytes >= BLOB_MIN_BYTES and obj.flags.c_contiguous \
                 and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None:
@@ -316,6 +320,7 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
         pickler.dump(payload)
     finally:
         _Context.dump_anchors = {}
+    _check_shared_memory(pickler.arrays)
     data = buf.getvalue()
     needed = sorted(globals_of(data))
     refused = [f"{m}.{n}" for m, n in needed if denied(m, n)]
@@ -323,6 +328,30 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
         raise pickle.PicklingError(f"restoring it would call {refused[0]}, which a resume state "
                                    "may not call (it could run any code)")
     return Dumped(data, blobs, [list(g) for g in needed])
+
+
+def _check_shared_memory(arrays: list[Any]) -> None:
+    """Refuse arrays that overlap in memory (a view and its base, two overlapping views): each is
+    pickled as its own copy, so after a resume an update through one would no longer reach the
+    other — a silent difference."""
+    groups: dict[int, list[Any]] = {}
+    for array in arrays:
+        root = array
+        while getattr(root, "base", None) is not None:
+            root = root.base
+        groups.setdefault(id(root), []).append(array)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        import numpy as np
+
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                if a is not b and np.may_share_memory(a, b):
+                    raise pickle.PicklingError(
+                        f"two saved NumPy arrays share memory (shapes {a.shape} and {b.shape}, "
+                        "one a view of the other): saved apart they would stop sharing it; "
+                        "keep only one of them live across the checkpoint, or copy the view")
 
 
 def globals_of(data: bytes) -> set[tuple[str, str]]:
