@@ -162,3 +162,44 @@ def test_a_forged_state_cannot_bring_code_of_its_own(tmp_path: Path) -> None:
     assert not marker.exists(), "the forged state ran code of its own"
     assert done.returncode == 1
     assert "holds code (evil) that is not part of the program" in done.stderr, done.stderr
+
+
+def test_the_globals_recorded_at_save_are_all_that_the_payload_imports() -> None:
+    """Loading refuses any global the save did not record: the record must be complete."""
+    import collections
+    import datetime
+    import enum
+    import fractions
+    import functools
+
+    import numpy as np
+    import torch
+
+    from transform.runtime._pickling import dumps, globals_of, loads, set_program
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    def make(k: float):
+        return lambda x: x * k
+
+    # The program's top-level definitions, as its namespace holds them (found by qualified name).
+    namespace = {"__name__": __name__, make.__qualname__: make, Colour.__qualname__: Colour}
+    set_program(namespace, __file__)
+    model = torch.nn.Linear(3, 2)
+    payload = {
+        "ordered": collections.OrderedDict(a=1), "array": np.arange(10), "dtype": torch.float32,
+        "scalars": [np.float64(3), np.float32(1)], "ellipsis": Ellipsis, "model": model,
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1), "partial": functools.partial(max, 1),
+        "when": datetime.datetime(2020, 1, 1), "ratio": fractions.Fraction(1, 3),
+        "none_type": type(None), "np_dtype": np.dtype("f4"), "range": range(3),
+        "deque": collections.deque([1]), "rng": np.random.default_rng(0),
+        "device": torch.device("cpu"), "ufunc": np.add, "colour": Colour.RED, "factory": make,
+        "bf16": torch.zeros(3, dtype=torch.bfloat16),
+    }
+    dumped = dumps(payload, {})
+    recorded = {tuple(g) for g in dumped.globals}
+    assert recorded == globals_of(dumped.data)
+    back = loads(dumped.data, {}, dumped.globals, dumped.blobs.__getitem__)
+    assert back["colour"] is Colour.RED and back["factory"] is make
+    assert torch.equal(back["model"].weight, model.weight)

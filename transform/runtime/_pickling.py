@@ -62,6 +62,10 @@ _DENIED = frozenset({
 
 
 def denied(module: str, name: str) -> bool:
+    """A global a resume state may not import; with ``name`` empty, a module it may not hold
+    (``builtins`` itself: its attributes are eval and exec)."""
+    if not name and module == "builtins":
+        return True
     return (module, name) in _DENIED or module.split(".")[0] in _DENIED_MODULES
 
 
@@ -112,6 +116,24 @@ def _module(name: str) -> types.ModuleType:
 
         module = importlib.import_module(name)
     return module
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr`` for enum members and bound methods: never a private attribute (but
+    ``__new__``), never one of the refused callables or modules."""
+    if not isinstance(name, str) or (name.startswith("_") and name != "__new__"):
+        raise pickle.UnpicklingError(f"it looks up the attribute {name!r}")
+    found = getattr(obj, name)
+    if isinstance(found, types.ModuleType):
+        module, qual = found.__name__, ""
+    elif isinstance(found, type | types.FunctionType | types.BuiltinFunctionType):
+        module, qual = getattr(found, "__module__", None) or "", found.__qualname__
+    else:
+        return found
+    if denied(module, qual):
+        raise pickle.UnpicklingError(f"it refers to {module}.{qual}, which a resume state may "
+                                     "not call")
+    return found
 
 
 def _program_definition(qualname: str) -> Any:
@@ -202,6 +224,8 @@ class _Pickler(cloudpickle.Pickler):
         """Digest → bytes of the blobs written so far; None: everything inline."""
         self.keys: dict[int, int] = {}
         self.keep: list[Any] = []  # objects keyed by id stay alive until the dump ends
+        self.globals: set[tuple[str, str]] = set()
+        """(module, name) of everything written by name: what loading may import."""
         self.arrays: list[Any] = []
         """Every NumPy array in the payload: pickled apart, arrays sharing memory stop sharing."""
 
@@ -252,6 +276,32 @@ class _Pickler(cloudpickle.Pickler):
         return None
 
     def reducer_override(self, obj: Any) -> Any:
+        reduced = self._reduce(obj)
+        if reduced is NotImplemented:
+            if isinstance(obj, type | types.FunctionType) or (
+                    isinstance(obj, types.BuiltinFunctionType)
+                    and (obj.__self__ is None or isinstance(obj.__self__, types.ModuleType))):
+                self._by_name(obj, getattr(obj, "__qualname__", None) or obj.__name__)
+                return NotImplemented
+            # Reduce it here, as pickle would next, to see whether it is written by name.
+            reducer = self.dispatch_table.get(type(obj))
+            reduced = reducer(obj) if reducer is not None else obj.__reduce_ex__(self.proto)
+            if isinstance(reduced, tuple) and reduced and reduced[0] is getattr:
+                # An enum member, a bound method: looked up again by a checked getattr.
+                reduced = (_attribute, *reduced[1:])
+        if isinstance(reduced, str):
+            self._by_name(obj, reduced)
+        return reduced
+
+    def _by_name(self, obj: Any, name: str) -> None:
+        """``obj`` is written as a reference to ``module.name``: loading it imports that."""
+        module = pickle.whichmodule(obj, name)  # type: ignore[attr-defined]
+        if denied(module, name):
+            raise pickle.PicklingError(f"restoring it would call {module}.{name}, which a "
+                                       "resume state may not call (it could run any code)")
+        self.globals.add((module, name))
+
+    def _reduce(self, obj: Any) -> Any:
         token = _Context.dump_anchors.get(id(obj))
         if token is not None:
             return _anchor, (token,)
@@ -272,10 +322,10 @@ class _Pickler(cloudpickle.Pickler):
         reduced = super().reducer_override(obj)
         if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
                 and obj.__code__ not in _program_code_objects():
-                raise pickle.PicklingError(
-                    f"it is a function made outside the program ({obj.__qualname__} of "
-                    f"{obj.__module__}), which is saved by value only when its code is the "
-                    "program's own")
+            raise pickle.PicklingError(
+                f"it is a function made outside the program ({obj.__qualname__} of "
+                f"{obj.__module__}), which is saved by value only when its code is the "
+                "program's own")
         if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
                 and namespace is not None and obj.__globals__ is namespace:
             func, (code, _, *rest), state, *_ = reduced
@@ -321,13 +371,7 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
     finally:
         _Context.dump_anchors = {}
     _check_shared_memory(pickler.arrays)
-    data = buf.getvalue()
-    needed = sorted(globals_of(data))
-    refused = [f"{m}.{n}" for m, n in needed if denied(m, n)]
-    if refused:
-        raise pickle.PicklingError(f"restoring it would call {refused[0]}, which a resume state "
-                                   "may not call (it could run any code)")
-    return Dumped(data, blobs, [list(g) for g in needed])
+    return Dumped(buf.getvalue(), blobs, [list(g) for g in sorted(pickler.globals)])
 
 
 def _check_shared_memory(arrays: list[Any]) -> None:
@@ -354,33 +398,80 @@ def _check_shared_memory(arrays: list[Any]) -> None:
                         "keep only one of them live across the checkpoint, or copy the view")
 
 
+_ARG_SIZE = {ord(op.code): (0 if op.arg is None else op.arg.n) for op in pickletools.opcodes}
+"""Opcode → its argument's size: ``n ≥ 0`` bytes, or pickletools' markers for a newline-ended
+argument (-1) and for a length prefix of 1, 4, 4 or 8 bytes (-2 … -5)."""
+_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+           pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}
+_STRINGS = {ord(pickle.SHORT_BINUNICODE), ord(pickle.BINUNICODE), ord(pickle.BINUNICODE8)}
+_GLOBAL_OPS = {ord(pickle.GLOBAL), ord(pickle.INST)}
+_STACK_GLOBAL = ord(pickle.STACK_GLOBAL)
+_MEMOIZE = ord(pickle.MEMOIZE)
+_PUTS = {ord(pickle.BINPUT), ord(pickle.LONG_BINPUT)}
+_GETS = {ord(pickle.BINGET), ord(pickle.LONG_BINGET)}
+_STOP = ord(pickle.STOP)
+
+
 def globals_of(data: bytes) -> set[tuple[str, str]]:
-    """Every (module, name) a pickle imports when loaded."""
+    """Every (module, name) a pickle imports when loaded.
+
+    A linear scan of the opcodes (what :func:`pickletools.genops` does, without decoding the
+    arguments it does not need). ``STACK_GLOBAL`` takes its two names from the two items pushed
+    just before it, literally or from the memo. A save records its globals as it pickles (much
+    faster than a scan); the tests check the record against this scan.
+    """
     found: set[tuple[str, str]] = set()
-    memo: dict[int, Any] = {}
-    recent: list[Any] = []
-    for op, arg, _ in pickletools.genops(data):
-        name = op.name
-        if name in ("GLOBAL", "INST"):
-            module, _, qual = str(arg).partition(" ")
-            found.add((module, qual))
-            recent.append(None)
-        elif name == "STACK_GLOBAL":
-            if len(recent) < 2 or not all(isinstance(x, str) for x in recent[-2:]):
-                raise pickle.PicklingError("an import the check cannot follow")
-            found.add((recent[-2], recent[-1]))
-            recent.append(None)
-        elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
-            recent.append(arg)
-        elif name == "MEMOIZE":
-            memo[len(memo)] = recent[-1] if recent else None
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[int(str(arg))] = recent[-1] if recent else None
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            recent.append(memo.get(int(str(arg))))
+    memo: list[Any] = []
+    memo_at: dict[int, Any] = {}
+    last: Any = None
+    before: Any = None
+    i, end = 0, len(data)
+    view = memoryview(data)
+    while i < end:
+        code = data[i]
+        i += 1
+        size = _ARG_SIZE.get(code)
+        if size is None:
+            raise pickle.PicklingError(f"an opcode the check does not know ({code})")
+        value: Any = None
+        if code in _GLOBAL_OPS:
+            first = data.index(b"\n", i)
+            second = data.index(b"\n", first + 1)
+            found.add((data[i:first].decode(), data[first + 1:second].decode()))
+            i = second + 1
+        elif size >= 0:
+            if code in _PUTS:
+                memo_at[int.from_bytes(view[i:i + size], "little")] = last
+            elif code in _GETS:
+                value = memo_at.get(int.from_bytes(view[i:i + size], "little"))
+            i += size
+        elif size == pickletools.UP_TO_NEWLINE:
+            newline = data.index(b"\n", i)
+            if code == ord(pickle.GET):
+                value = memo_at.get(int(data[i:newline]))
+            elif code == ord(pickle.PUT):
+                memo_at[int(data[i:newline])] = last
+            i = newline + 1
         else:
-            recent.append(None)
-        del recent[:-2]
+            width = _PREFIX[size]
+            length = int.from_bytes(view[i:i + width], "little")
+            i += width
+            if code in _STRINGS:
+                value = bytes(view[i:i + length]).decode("utf-8", "surrogatepass")
+            i += length
+        if code == _STACK_GLOBAL:
+            if not (isinstance(before, str) and isinstance(last, str)):
+                raise pickle.PicklingError("an import the check cannot follow")
+            found.add((before, last))
+        elif code == _MEMOIZE:
+            memo_at[len(memo)] = last
+            memo.append(last)
+            continue  # MEMOIZE leaves the stack as it was
+        elif code in _PUTS or code == ord(pickle.PUT):
+            continue
+        elif code == _STOP:
+            break
+        before, last = last, value
     return found
 
 
