@@ -40,7 +40,8 @@ import hashlib
 import pprint
 import textwrap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import libcst as cst
@@ -57,6 +58,7 @@ from transform.cfg import (
 )
 from transform.errors import SourceError, SourceIssue
 from transform.plan import slot_positions
+from transform.planspec import HintSpec, Plan, RegionSpec, SlotRule
 from transform.tasks import Branch, Loop, Seq, is_elif, is_hint_statement
 
 __all__ = ["Generated", "generate", "already_transformed", "ACTIVATION", "PROGRAM", "RUNTIME",
@@ -859,19 +861,23 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
     for name in chosen_regions:
         _settle_sites(regions[name].body, marks, slot_of)
     source_hash = hashlib.sha256(source.encode("utf-8")).hexdigest()
-    plan: dict[str, Any] = {
-        "version": 1,
-        "ckpt_dir": ckpt_dir,
-        "regions": plan_regions,
-        "hints": plan_hints,
-        "slots": {s: rules[s] for s in sorted({slot_of[h] for h in plan_hints})},
-        "sites": {k: sorted(v) for k, v in sorted(marks.sites.items())},
-        "ranges": sorted(marks.ranges),
-        "settle": marks.settle,
-    }
-    plan["source"] = hashlib.sha256(
-        (source_hash + pprint.pformat(plan, sort_dicts=True)).encode()).hexdigest()
-    literal = textwrap.indent(pprint.pformat(plan, width=_WIDTH - 4, sort_dicts=False,
+    plan = Plan(
+        original=Path(result.path).name,
+        ckpt_dir=ckpt_dir,
+        regions={k: RegionSpec.from_literal(v) for k, v in plan_regions.items()},
+        hints={k: HintSpec.from_literal(v) for k, v in plan_hints.items()},
+        slots={s: SlotRule.from_literal(rules[s])
+               for s in sorted({slot_of[h] for h in plan_hints})},
+        sites={k: frozenset(v) for k, v in marks.sites.items()},
+        ranges=frozenset(marks.ranges),
+        settle=marks.settle,
+    )
+    # The fingerprint covers the source and what the runtime does with it, not the file's name.
+    fingerprinted = {k: v for k, v in plan.to_literal().items() if k not in ("source", "original")}
+    plan = replace(plan, source=hashlib.sha256(
+        (source_hash + pprint.pformat(fingerprinted, sort_dicts=True)).encode()).hexdigest())
+    plan_literal = plan.to_literal()
+    literal = textwrap.indent(pprint.pformat(plan_literal, width=_WIDTH - 4, sort_dicts=False,
                                              compact=True), "    ")
     prologue = [f"{MARKER}  # ecrl-transform: resumable checkpoints (docs/transform.md)\n",
                 f"{PROGRAM} = {RUNTIME}.Program(\n    __file__,\n{literal})\n"]
@@ -881,7 +887,8 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
     module = cst.parse_module(source)
     code = _Emitter(module, tree.module, marks, plan_hints, prologue, region_names,
                     path_chains).module_code()
-    return Generated(code=code, changed=True, checkpoints=tuple(chosen_ids), plan=plan)
+    return Generated(code=code, changed=True, checkpoints=tuple(chosen_ids),
+                     plan=plan_literal)
 
 
 def _settle_sites(seq: Seq, marks: _Marks, slot_of: dict[int, int]) -> None:

@@ -135,7 +135,7 @@ def test_an_unsaveable_value_is_named_at_the_first_save(tmp_path: Path) -> None:
     done = kr.finish(program, cwd=tmp_path, env=env)
     assert done.returncode == 1
     line = done.stderr.strip().splitlines()[-1]
-    assert "train.py:12: cannot save `it` (a generator)" in line, done.stderr
+    assert "original.py:12: cannot save `it` (a generator)" in line, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
 
@@ -184,3 +184,42 @@ def test_damaged_or_foreign_state_is_never_loaded(tmp_path: Path) -> None:
     assert done.returncode == 1 and "different version of this program" in done.stderr
     done = kr.finish(program, cwd=tmp_path, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "190"
+
+
+RAISES = """
+from transform import _checkpoint
+
+
+def risky(i):
+    if i == 7:
+        raise ValueError(f"bad item {i}")
+    return i
+
+
+def train(n):
+    total = 0
+    for i in range(n):
+        _iterations: 10
+        total += risky(i)
+        _checkpoint()
+    return total
+
+
+print(train(10))
+"""
+
+
+def test_an_error_in_the_program_is_shown_in_the_original_source(tmp_path: Path) -> None:
+    _, program, env = prepare(tmp_path, RAISES, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert "train.py" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "original.py", line 20, in <module>',
+        "    print(train(10))",
+        '  File "original.py", line 15, in train',
+        "    total += risky(i)",
+        '  File "original.py", line 7, in risky',
+        '    raise ValueError(f"bad item {i}")',
+        "ValueError: bad item 7"]

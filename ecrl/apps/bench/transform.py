@@ -3,12 +3,17 @@
 * Steady-state seconds per training step of the original, of the program written with the
   scheduled hints (the fixture's ``checkpoint_params``), and of the one where every hint is a
   checkpoint (``--all-hints``). Each program runs as its own process (timed from the end of its
-  imports, see :mod:`transform._drive`) with two epoch counts; the per-step time is the
+  imports, see :mod:`transform.testing.drive`) with two epoch counts; the per-step time is the
   difference divided by the difference in steps, so start-up and set-up cancel. Programs are
   interleaved within each repeat and the fastest run of each point counts.
 * Bytes written per checkpoint (the resume state, killed right after a save) against
   ``torch.save`` of the same live objects, taken by a hook at the same hint execution of the
   original program.
+* Saving unchanged values once: for ``fixtures/programs/min-char-rnn`` (1 MB of text held as
+  data) and ``fixtures/programs/mnist-like`` (about 6 MB of images in a DataLoader), transformed
+  with every hint a checkpoint, the bytes written per checkpoint (counted at the runtime's atomic
+  writes) and the seconds per step, with blobs saved once while unchanged (the default) against
+  every value in every checkpoint (``ECRL_TRANSFORM_DEDUP=0``), and against the original program.
 
 Target: with the scheduled hints the program's training time is within the allowance ``o`` it
 was given (``1 + o`` times the original's), judged on whole runs of the longer variant; the
@@ -27,7 +32,9 @@ from pathlib import Path
 
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "programs" / "torch-train"
+CORPUS = Path(__file__).resolve().parents[3] / "fixtures" / "programs"
+FIXTURE = CORPUS / "torch-train"
+DEDUP_FIXTURES = ("min-char-rnn", "mnist-like")
 STEPS_PER_EPOCH = 32
 
 _SIZE_HOOK = """
@@ -63,6 +70,21 @@ print("SAVES", len(seconds), statistics.median(seconds), file=sys.stderr)
 """
 
 
+_BYTE_COUNTER = """
+import runpy, sys
+import transform.runtime._statefile as statefile
+write, counted = statefile.atomic_write_bytes, [0, 0]
+def counting(path, data, **kwargs):
+    counted[0] += len(data)
+    counted[1] += path.name == statefile.STATE_FILE
+    write(path, data, **kwargs)
+statefile.atomic_write_bytes = counting
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("WRITTEN", counted[0], counted[1], file=sys.stderr)
+"""
+
+
 def _variant(root: Path, epochs: int) -> Path:
     """The fixture with another epoch count (and the matching ``_iterations``)."""
     source = (FIXTURE / "input.py").read_text()
@@ -85,15 +107,15 @@ def _env(ckpt: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["ECRL_CKPT_DIR"] = str(ckpt)
     env.pop("ECRL_TRANSFORM_KILL_AT", None)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
 
-def _work_seconds(program: Path, ckpt: Path) -> float:
+def _work_seconds(program: Path, ckpt: Path, extra: dict[str, str] | None = None) -> float:
     from transform.testing.drive import DrivenRun
 
-    run = DrivenRun(program, program.parent, _env(ckpt))
+    run = DrivenRun(program, program.parent, {**_env(ckpt), **(extra or {})})
     run.wait_ready(300)
     _, _, seconds = run.finish(600)
     if run.proc.returncode != 0:
@@ -209,13 +231,19 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             metric=f"bytes per checkpoint (live: {', '.join(names)})", candidate_value=ours,
             alternative_value=torch_bytes,
             note="ours adds random states, loop positions and a header"))
+        dedup_rows, dedup_targets = _dedup_rows(root, repeats, progress)
+        rows.extend(dedup_rows)
+        targets.extend(dedup_targets)
     return BenchResult(
         name="transform", command=command_line(), rows=rows, targets=targets,
         notes=[f"fixture fixtures/programs/torch-train, epochs {epochs[0]} and {epochs[1]} "
                f"({STEPS_PER_EPOCH} steps each), fastest of {repeats} interleaved run(s) per "
                "point",
                "each step sleeps 15 ms for the work of a bigger model; times are from the end "
-               "of imports (transform._drive)"])
+               "of imports (transform.testing.drive)",
+               f"saving unchanged values once: fixtures {', '.join(DEDUP_FIXTURES)} with "
+               "--all-hints, fastest of the repeats; bytes counted at the runtime's atomic writes "
+               "(resume.ckpt and blobs)"])
 
 
 def _params(src: Path) -> dict[str, float]:
@@ -226,8 +254,68 @@ def _params(src: Path) -> dict[str, float]:
 
 
 def _allowance(src: Path) -> float:
-    return _params(src).get("overhead", 0.05)
+    from transform.plan import DEFAULT_OVERHEAD
+
+    return _params(src).get("overhead", DEFAULT_OVERHEAD)
 
 
 def _assumed_cost(src: Path) -> float:
     return _params(src).get("ckpt_cost", 10.0)
+
+
+def _written(program: Path, env: dict[str, str]) -> tuple[int, int]:
+    """(bytes written by the runtime, checkpoints taken) over one whole run."""
+    done = subprocess.run([sys.executable, "-c", _BYTE_COUNTER, str(program)], cwd=program.parent,
+                          env=env, capture_output=True, text=True, check=True)
+    total, saves = re.findall(r"WRITTEN (\d+) (\d+)", done.stderr)[-1]
+    return int(total), int(saves)
+
+
+def _dedup_rows(root: Path, repeats: int, progress: Progress) -> tuple[list[BenchRow],
+                                                                      list[Target]]:
+    rows: list[BenchRow] = []
+    targets: list[Target] = []
+    for name in DEDUP_FIXTURES:
+        where = root / name
+        where.mkdir()
+        original = where / "original.py"
+        original.write_text((CORPUS / name / "input.py").read_text())
+        program = _transform(original, where / "all.py", "--all-hints")
+        modes = {"once": "1", "every": "0"}
+        written: dict[str, tuple[int, int]] = {}
+        seconds: dict[str, list[float]] = {"original": [], "once": [], "every": []}
+        for mode, flag in modes.items():
+            progress(f"{name}: bytes written, dedup {mode}")
+            written[mode] = _written(program, {**_env(where / "count"),
+                                               "ECRL_TRANSFORM_DEDUP": flag})
+        for r in range(repeats):
+            progress(f"{name}: timing, run {r + 1}/{repeats}")
+            seconds["original"].append(_work_seconds(original, where / "ckpt"))
+            for mode, flag in modes.items():
+                seconds[mode].append(_work_seconds(program, where / "ckpt",
+                                                   {"ECRL_TRANSFORM_DEDUP": flag}))
+        steps = written["once"][1]
+        per_step = {k: min(v) / steps for k, v in seconds.items()}
+        per_save = {k: total / max(saves, 1) for k, (total, saves) in written.items()}
+        rows.append(BenchRow(
+            candidate="unchanged values saved once", alternative="every value every time",
+            metric=f"{name}: bytes written per checkpoint, every hint a checkpoint (lower is "
+                   "better)",
+            candidate_value=per_save["once"], alternative_value=per_save["every"],
+            note=f"{steps} checkpoints; resume.ckpt and blobs"))
+        rows.append(BenchRow(
+            candidate="unchanged values saved once", alternative="every value every time",
+            metric=f"{name}: seconds per step, every hint a checkpoint (lower is better)",
+            candidate_value=per_step["once"], alternative_value=per_step["every"]))
+        rows.append(BenchRow(
+            candidate="every hint a checkpoint, saved once", alternative="original program",
+            metric=f"{name}: seconds per step (lower is better)",
+            candidate_value=per_step["once"], alternative_value=per_step["original"]))
+        ratio = per_step["once"] / per_step["original"]
+        targets.append(Target(
+            description=f"{name}: every hint a checkpoint costs at most 1.5× the original's "
+                        "time per step",
+            measured=f"{ratio:.2f}× (every value every time: "
+                     f"{per_step['every'] / per_step['original']:.2f}×)",
+            met=ratio <= 1.5))
+    return rows, targets

@@ -1,0 +1,98 @@
+"""State that plain serialization drops is saved, or the save is refused: never a wrong resume.
+
+Real processes: programs are transformed, SIGKILLed by the runtime at a chosen save (``N`` or
+``N:POINT``), and run again to completion; the output must be the original's.
+"""
+
+from __future__ import annotations
+
+import killresume as kr
+import pytest
+from test_runtime import original_output, prepare, resume_after
+
+GRAD_ACCUM_IN_FUNCTION = """
+import torch
+from torch import nn
+from transform import _checkpoint
+
+torch.set_num_threads(1)
+
+def train(model, opt, steps, accum):
+    losses = []
+    for step in range(steps):
+        _iterations: 6
+        for micro in range(accum):
+            _iterations: 3
+            x = torch.randn(8, 4)
+            loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)) / accum
+            loss.backward()
+            losses.append(round(loss.item(), 6))
+            _checkpoint()
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+losses = train(model, opt, 6, 3)
+print(losses[-3:], [round(v, 6) for p in model.parameters() for v in p.detach().flatten().tolist()])
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["5", "8:before-rename"])
+def test_gradients_accumulated_before_a_checkpoint_are_restored(tmp_path, kill_at) -> None:
+    # The model is the caller's (an anchor restored in place by load_state_dict, which has no
+    # gradients): a save between backward() and step() must carry every parameter's .grad.
+    original, program, env = prepare(tmp_path, GRAD_ACCUM_IN_FUNCTION, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)
+
+
+LIVE_GRAPH = """
+import torch
+from torch import nn
+from transform import _checkpoint
+
+model = nn.Linear(3, 1)
+total = None
+for i in range(5):
+    out = model(torch.ones(2, 3) * i).sum()
+    total = out if total is None else total + out
+    _checkpoint()
+total.backward()
+print(model.weight.grad)
+"""
+
+
+def test_a_live_autograd_graph_is_refused_at_the_first_save(tmp_path) -> None:
+    _, program, env = prepare(tmp_path, LIVE_GRAPH, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert "original.py:11: cannot save `total` (a Tensor)" in done.stderr
+    assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
+
+
+SHARED_VIEW = """
+import numpy as np
+from transform import _checkpoint
+
+params = np.zeros(8)
+head = params[:4]
+for step in range(10):
+    params += 1.0
+    head *= 0.5
+    _checkpoint()
+print(params, head)
+"""
+
+
+def test_arrays_sharing_memory_are_refused_at_the_first_save(tmp_path) -> None:
+    # Pickled apart, a view and its base would stop sharing memory after a resume.
+    _, program, env = prepare(tmp_path, SHARED_VIEW, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    line = done.stderr.strip()
+    assert line.splitlines() == [line], done.stderr
+    assert line.startswith("ecrl-transform: original.py:10: cannot save the live values at this "
+                           "checkpoint") and "share memory" in line, line

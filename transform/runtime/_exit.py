@@ -1,0 +1,147 @@
+"""How a transformed program ends: one-line refusals, tracebacks in the user's source, and the
+resume state kept or removed.
+
+The generated program keeps every line of the original but adds lines of its own, so an uncaught
+exception's traceback is rewritten: frames in the generated file show the original file's name,
+line number and line (the original is recovered from the generated file by
+:func:`transform.strip.strip`, its exact inverse, only when there is a traceback to show).
+
+The resume state is spent only when the program ends normally: no uncaught exception
+(``sys.excepthook``) and no ``sys.exit`` with a failing status. A walk that never arrived is a
+bug worth a loud exit, never a silent success.
+"""
+
+from __future__ import annotations
+
+import atexit
+import difflib
+import os
+import sys
+import traceback
+import types
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from transform.runtime._program import Program
+
+__all__ = ["CheckpointError", "ExitWatch", "user_traceback", "line_map"]
+
+
+class CheckpointError(SystemExit):
+    """A checkpoint cannot be taken or resumed; ends the program with one line (exit 1)."""
+
+    def __init__(self, message: str) -> None:
+        ExitWatch.failed = True  # a failed run keeps its resume state
+        super().__init__(f"ecrl-transform: {message}")
+
+
+class ExitWatch:
+    """Removes the resume state when the process ends normally, and only then."""
+
+    programs: ClassVar[list[Program]] = []
+    failed = False
+    installed = False
+
+    @classmethod
+    def install(cls, program: Program) -> None:
+        cls.programs.append(program)
+        if cls.installed:
+            return
+        cls.installed = True
+        previous_hook = sys.excepthook
+        previous_exit = sys.exit
+
+        def excepthook(kind: type[BaseException], value: BaseException,
+                       tb: types.TracebackType | None) -> None:
+            cls.failed = True
+            try:
+                text = user_traceback(cls.programs, kind, value, tb)
+            except Exception:  # never hide the user's error behind one of ours
+                text = None
+            if text is None:
+                previous_hook(kind, value, tb)
+            else:
+                sys.stderr.write(text)
+
+        def exit_(status: Any = None) -> None:
+            if status not in (None, 0):
+                cls.failed = True
+            previous_exit(status)
+
+        sys.excepthook = excepthook
+        sys.exit = exit_  # type: ignore[assignment]
+        atexit.register(cls.at_exit)
+
+    @classmethod
+    def at_exit(cls) -> None:
+        if cls.failed:
+            return  # the failure said why; the resume state stays
+        for program in cls.programs:
+            stuck = [a for a in program.walking if not a.run]
+            if stuck:
+                a = stuck[0]
+                line = program.plan.hints[a.target].line
+                sys.stderr.write(f"ecrl-transform: {program.where(line)}: resuming never reached "
+                                 "this checkpoint; the output of this run is not valid (please "
+                                 "report this with the program)\n")
+                sys.stderr.flush()
+                os._exit(70)
+        for program in cls.programs:
+            program.complete()
+
+
+def line_map(generated: str) -> tuple[list[int], list[str]]:
+    """For each line of a generated program, the original's line it comes from (1-based; 0 for
+    a line the generator added), and the original's lines."""
+    from transform.strip import strip
+
+    original = strip(generated).splitlines()
+    ours = generated.splitlines()
+    mapping = [0] * (len(ours) + 1)
+    matcher = difflib.SequenceMatcher(None, ours, original, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("equal", "replace"):
+            # "replace": a steered header (the user's line with generated code inside it).
+            for k in range(i2 - i1):
+                mapping[i1 + k + 1] = min(j1 + k, j2 - 1) + 1
+    return mapping, original
+
+
+def user_traceback(programs: Sequence[Program], kind: type[BaseException],
+                   value: BaseException, tb: types.TracebackType | None) -> str | None:
+    """The traceback with the generated files' frames moved to the originals, or None when no
+    frame is in a generated file."""
+    generated = {os.path.abspath(p.file): p for p in programs}
+    maps: dict[str, tuple[list[int], list[str]]] = {}
+    moved = False
+    top = traceback.TracebackException(kind, value, tb)
+    seen: set[int] = set()
+    pending = [top]
+    while pending:
+        exc = pending.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        for chained in (exc.__cause__, exc.__context__):
+            if chained is not None:
+                pending.append(chained)
+        for i, frame in enumerate(exc.stack):
+            path = os.path.abspath(frame.filename)
+            program = generated.get(path)
+            if program is None or frame.lineno is None:
+                continue
+            if path not in maps:
+                with open(path, encoding="utf-8") as f:
+                    maps[path] = line_map(f.read())
+            mapping, original = maps[path]
+            line = mapping[frame.lineno] if frame.lineno < len(mapping) else 0
+            if line == 0:
+                continue
+            exc.stack[i] = traceback.FrameSummary(
+                program.plan.original or frame.filename, line, frame.name,
+                line=original[line - 1].strip())
+            moved = True
+    if not moved:
+        return None
+    return "".join(top.format())

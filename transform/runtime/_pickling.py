@@ -1,0 +1,554 @@
+"""Anchored pickling: one serialization of the saved values, and a restricted way back.
+
+One pickle holds every saved value, so objects shared between variables stay shared. Around
+Python's pickle protocol:
+
+* **Anchors** — values the resumed program rebuilds by itself (a function's parameters, module
+  globals) — are written as a token; unpickling gives the rebuilt object, so saved values that
+  referred to them (an optimizer holding a model's parameters) refer to the rebuilt ones.
+* **Functions and classes** the program defines at its top level are written by name and come
+  back as the program's own re-created definitions; closures and lambdas are written by value
+  with ``cloudpickle``, their globals bound to the running program's namespace. Their code must
+  be the program's own: on load every code object is checked against the program's compiled
+  code, so a resume state cannot bring code of its own.
+* **torch tensors** go through their own reduction, with ``.grad`` added (a checkpoint between
+  ``backward()`` and ``step()`` holds accumulated gradients); their storages, large NumPy arrays
+  and large strings are *blobs*: raw bytes kept apart, named by their SHA-256 (see
+  :mod:`transform.runtime._statefile`, which writes each distinct blob once).
+* **Loading is restricted**: only the globals recorded at save time (in the checksummed
+  header), never one from :data:`_DENIED` (process, file, import and eval primitives), whatever
+  the header says. A value whose save would need one of those is refused at its first save.
+
+A tensor inside an autograd graph is refused (torch would save it as a leaf, and a
+``backward()`` after the resume would silently reach nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import pickletools
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
+
+import cloudpickle
+
+from transform.runtime._exit import CheckpointError
+
+__all__ = ["Dumped", "dumps", "loads", "describe", "BLOB_MIN_BYTES"]
+
+BLOB_MIN_BYTES = 64 * 1024
+"""Arrays and strings at least this large are kept apart and saved once while unchanged."""
+
+# Module prefixes and globals a resume state never loads: each runs code, a process, or reads
+# and writes files given the right arguments.
+_DENIED_MODULES = ("os", "posix", "nt", "subprocess", "sys", "shutil", "pty", "socket",
+                   "importlib", "runpy", "code", "codeop", "ctypes", "multiprocessing", "pickle",
+                   "_pickle", "marshal", "webbrowser", "tempfile", "shelve", "dbm", "signal",
+                   "threading", "_thread", "pdb", "bdb", "inspect", "gc", "_posixsubprocess",
+                   "pydoc", "platform", "asyncio", "select", "urllib", "http", "ftplib")
+_DENIED = frozenset({
+    ("builtins", n) for n in ("eval", "exec", "compile", "__import__", "open", "getattr",
+                              "setattr", "delattr", "globals", "locals", "vars", "breakpoint",
+                              "input", "exit", "quit", "help", "__build_class__")
+} | {
+    ("torch", "load"), ("torch.serialization", "load"), ("torch.storage", "_load_from_bytes"),
+    ("torch.hub", "load"), ("numpy", "load"), ("numpy", "loadtxt"), ("numpy", "fromfile"),
+    ("numpy.lib.npyio", "load"), ("numpy", "genfromtxt"), ("numpy.lib.format", "read_array"),
+})
+
+
+def denied(module: str, name: str) -> bool:
+    """A global a resume state may not import; with ``name`` empty, a module it may not hold
+    (``builtins`` itself: its attributes are eval and exec)."""
+    if not name and module == "builtins":
+        return True
+    return (module, name) in _DENIED or module.split(".")[0] in _DENIED_MODULES
+
+
+class _Context:
+    """What one payload's writing or reading needs to know (module-level: reconstructors are
+    plain functions that pickle finds by name)."""
+
+    dump_anchors: ClassVar[dict[int, tuple[str, ...]]] = {}
+    load_anchors: ClassVar[dict[tuple[str, ...], Any]] = {}
+    program_globals: ClassVar[dict[str, Any] | None] = None
+    program_codes: ClassVar[frozenset[types.CodeType] | None] = None
+    program_file: ClassVar[str] = ""
+
+
+def set_program(namespace: dict[str, Any], file: str) -> None:
+    """The running program's globals: definitions are found there, closures bound to it."""
+    _Context.program_globals = namespace
+    _Context.program_file = file
+    _Context.program_codes = None
+
+
+# --------------------------------------------------------------------------- reconstructors
+
+
+def _anchor(token: tuple[str, ...]) -> Any:
+    """Unpickling an anchor gives the object the resumed program rebuilt."""
+    try:
+        return _Context.load_anchors[token]
+    except KeyError:
+        raise CheckpointError(f"cannot resume: {describe(token)} no longer exists in the "
+                              "rebuilt program") from None
+
+
+def describe(token: tuple[str, ...]) -> str:
+    if len(token) == 2:
+        return f"`{token[1]}`"
+    kind = {"p": "parameter", "b": "buffer", "m": "submodule"}[token[2]]
+    return f"{kind} `{token[3]}` of `{token[1]}`"
+
+
+def _module(name: str) -> types.ModuleType:
+    """A module held in a variable: the one the program imported."""
+    if denied(name, ""):
+        raise pickle.UnpicklingError(f"a resume state may not hold the module {name}")
+    module = sys.modules.get(name)
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(name)
+    return module
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr`` for enum members and bound methods: never a private attribute (but
+    ``__new__``), never one of the refused callables or modules."""
+    if not isinstance(name, str) or (name.startswith("_") and name != "__new__"):
+        raise pickle.UnpicklingError(f"it looks up the attribute {name!r}")
+    found = getattr(obj, name)
+    if isinstance(found, types.ModuleType):
+        module, qual = found.__name__, ""
+    elif isinstance(found, type | types.FunctionType | types.BuiltinFunctionType):
+        module, qual = getattr(found, "__module__", None) or "", found.__qualname__
+    else:
+        return found
+    if denied(module, qual):
+        raise pickle.UnpicklingError(f"it refers to {module}.{qual}, which a resume state may "
+                                     "not call")
+    return found
+
+
+def _program_definition(qualname: str) -> Any:
+    """A function or class defined at the program's top level: its re-created definition."""
+    namespace = _Context.program_globals or {}
+    if qualname not in namespace:
+        raise CheckpointError(f"cannot resume: `{qualname}` is not defined when the saved values "
+                              "are restored")
+    return namespace[qualname]
+
+
+def _program_globals() -> dict[str, Any]:
+    assert _Context.program_globals is not None
+    return _Context.program_globals
+
+
+class _ProgramGlobals:
+    """Stands for the running program's namespace in a function saved by value."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _program_globals, ()
+
+
+_PROGRAM_GLOBALS = _ProgramGlobals()
+
+
+def _set_program_function_state(func: Any, state: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """cloudpickle's function state, except that the program's globals are never overwritten
+    with the values the function saw at save time (the resumed program has its own)."""
+    own, slots = state
+    slots = dict(slots)
+    for name, value in slots.pop("__globals__").items():
+        func.__globals__.setdefault(name, value)
+    slots["__globals__"] = {}
+    cloudpickle.cloudpickle._function_setstate(func, (own, slots))
+
+
+def _set_state_and_grad(obj: Any, state: tuple[Any, Any]) -> None:
+    """Unpickling a tensor that had a gradient: its own state as pickle would set it, then
+    ``.grad`` (which a tensor's own reduction leaves out)."""
+    own, grad = state
+    if own is not None:
+        setstate = getattr(obj, "__setstate__", None)
+        if setstate is not None:
+            setstate(own)
+        else:
+            obj.__dict__.update(own)
+    obj.grad = grad
+
+
+def _program_code_objects() -> frozenset[types.CodeType]:
+    if _Context.program_codes is None:
+        codes: set[types.CodeType] = set()
+        try:
+            with open(_Context.program_file, encoding="utf-8") as f:
+                top = compile(f.read(), _Context.program_file, "exec", dont_inherit=True)
+        except (OSError, SyntaxError):
+            top = None
+        stack = [top] if top is not None else []
+        while stack:
+            code = stack.pop()
+            codes.add(code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        _Context.program_codes = frozenset(codes)
+    return _Context.program_codes
+
+
+def _checked_code(*args: Any) -> types.CodeType:
+    """A code object from a resume state: only one the program itself contains."""
+    code = types.CodeType(*args)
+    if code not in _program_code_objects():
+        raise pickle.UnpicklingError(f"it holds code ({code.co_name}) that is not part of "
+                                     "the program")
+    return code
+
+
+def _builtin_type(name: str) -> Any:
+    return _checked_code if name == "CodeType" else cloudpickle.cloudpickle._builtin_type(name)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _Pickler(cloudpickle.Pickler):
+    def __init__(self, file: Any, protocol: int, blobs: dict[str, bytes] | None) -> None:
+        super().__init__(file, protocol=protocol)
+        self.blobs = blobs
+        """Digest → bytes of the blobs written so far; None: everything inline."""
+        self.keys: dict[int, int] = {}
+        self.keep: list[Any] = []  # objects keyed by id stay alive until the dump ends
+        self.globals: set[tuple[str, str]] = set()
+        """(module, name) of everything written by name: what loading may import."""
+        self.arrays: list[Any] = []
+        """Every NumPy array in the payload: pickled apart, arrays sharing memory stop sharing."""
+
+    def _key(self, obj: Any, ident: int) -> int:
+        key = self.keys.get(ident)
+        if key is None:
+            key = self.keys[ident] = len(self.keys)
+            self.keep.append(obj)
+        return key
+
+    def _blob(self, data: bytes | memoryview) -> tuple[str, bytes | str]:
+        if self.blobs is None or len(data) < BLOB_MIN_BYTES:
+            return "inline", bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest not in self.blobs:
+            self.blobs[digest] = bytes(data)
+        return "blob", digest
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is str or kind is bytes:
+            if self.blobs is not None and len(obj) >= BLOB_MIN_BYTES:
+                data = obj.encode("utf-8", "surrogatepass") if kind is str else obj
+                return ("str" if kind is str else "bytes", *self._blob(data))
+            return None
+        if kind.__module__.startswith("torch"):
+            torch = sys.modules["torch"]
+            if isinstance(obj, torch.storage.TypedStorage):
+                untyped, dtype = obj._untyped_storage, str(obj.dtype).removeprefix("torch.")
+            elif isinstance(obj, torch.UntypedStorage):
+                untyped, dtype = obj, "uint8"
+            else:
+                return None
+            key = self._key(untyped, untyped._cdata)
+            cpu = untyped.cpu() if untyped.device.type != "cpu" else untyped
+            data = memoryview(torch.empty(0, dtype=torch.uint8).set_(cpu).numpy())
+            return ("storage", key, dtype, str(untyped.device), *self._blob(data))
+        if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
+            self.arrays.append(obj)
+        if self.blobs is not None and kind.__module__ == "numpy" and kind.__name__ == "ndarray" \
+                and obj.nbytes >= BLOB_MIN_BYTES and obj.flags.c_contiguous \
+                and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None:
+            # Plain dtypes only: their ``str`` names them exactly (a structured one would lose
+            # its fields). A view comes back as a copy, as with plain pickling.
+            key = self._key(obj, id(obj))
+            data = memoryview(obj.reshape(-1).view("u1"))
+            return ("ndarray", key, obj.dtype.str, obj.shape, *self._blob(data))
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = self._reduce(obj)
+        if reduced is NotImplemented:
+            if isinstance(obj, type | types.FunctionType) or (
+                    isinstance(obj, types.BuiltinFunctionType)
+                    and (obj.__self__ is None or isinstance(obj.__self__, types.ModuleType))):
+                self._by_name(obj, getattr(obj, "__qualname__", None) or obj.__name__)
+                return NotImplemented
+            # Reduce it here, as pickle would next, to see whether it is written by name.
+            reducer = self.dispatch_table.get(type(obj))
+            reduced = reducer(obj) if reducer is not None else obj.__reduce_ex__(self.proto)
+            if isinstance(reduced, tuple) and reduced and reduced[0] is getattr:
+                # An enum member, a bound method: looked up again by a checked getattr.
+                reduced = (_attribute, *reduced[1:])
+        if isinstance(reduced, str):
+            self._by_name(obj, reduced)
+        return reduced
+
+    def _by_name(self, obj: Any, name: str) -> None:
+        """``obj`` is written as a reference to ``module.name``: loading it imports that."""
+        module = pickle.whichmodule(obj, name)  # type: ignore[attr-defined]
+        if denied(module, name):
+            raise pickle.PicklingError(f"restoring it would call {module}.{name}, which a "
+                                       "resume state may not call (it could run any code)")
+        self.globals.add((module, name))
+
+    def _reduce(self, obj: Any) -> Any:
+        token = _Context.dump_anchors.get(id(obj))
+        if token is not None:
+            return _anchor, (token,)
+        if isinstance(obj, types.ModuleType):
+            if denied(obj.__name__, ""):
+                raise pickle.PicklingError(f"it holds the module {obj.__name__}, which a resume "
+                                           "state may not hold")
+            return _module, (obj.__name__,)
+        namespace = _Context.program_globals
+        qualname = getattr(obj, "__qualname__", "")
+        if isinstance(obj, type | types.FunctionType) and namespace is not None \
+                and isinstance(qualname, str) and namespace.get(qualname) is obj \
+                and getattr(obj, "__module__", None) == namespace.get("__name__"):
+            return _program_definition, (qualname,)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self._tensor(obj)
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
+                and obj.__code__ not in _program_code_objects():
+            raise pickle.PicklingError(
+                f"it is a function made outside the program ({obj.__qualname__} of "
+                f"{obj.__module__}), which is saved by value only when its code is the "
+                "program's own")
+        if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
+                and namespace is not None and obj.__globals__ is namespace:
+            func, (code, _, *rest), state, *_ = reduced
+            return func, (code, _PROGRAM_GLOBALS, *rest), state, None, None, \
+                _set_program_function_state
+        return reduced
+
+    def _tensor(self, obj: Any) -> Any:
+        if obj.grad_fn is not None:
+            # torch would save it as a leaf: backward() after the resume would silently stop
+            # reaching the parameters it came from.
+            raise pickle.PicklingError(
+                f"it is part of an autograd graph (grad_fn {type(obj.grad_fn).__name__}), which "
+                "cannot be saved; keep a detached value (`.detach()`, `.item()`) across the "
+                "checkpoint")
+        if obj.grad is None:
+            return NotImplemented
+        # Accumulated gradients (a checkpoint between backward() and step()) are state.
+        reduced = obj.__reduce_ex__(self.proto)
+        own = reduced[2] if len(reduced) > 2 else None
+        return reduced[0], reduced[1], (own, obj.grad), None, None, _set_state_and_grad
+
+
+class Dumped:
+    """One serialized payload: the pickle, the blobs it refers to, the globals it needs."""
+
+    __slots__ = ("data", "blobs", "globals")
+
+    def __init__(self, data: bytes, blobs: dict[str, bytes], globals_: list[list[str]]) -> None:
+        self.data = data
+        self.blobs = blobs
+        self.globals = globals_
+
+
+def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = True) -> Dumped:
+    """Serialize; :class:`pickle.PicklingError` (or the error of the value) if it cannot be."""
+    _Context.dump_anchors = anchors
+    buf = io.BytesIO()
+    blobs: dict[str, bytes] = {}
+    try:
+        pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL, blobs if dedup else None)
+        pickler.dump(payload)
+    finally:
+        _Context.dump_anchors = {}
+    _check_shared_memory(pickler.arrays)
+    return Dumped(buf.getvalue(), blobs, [list(g) for g in sorted(pickler.globals)])
+
+
+def _check_shared_memory(arrays: list[Any]) -> None:
+    """Refuse arrays that overlap in memory (a view and its base, two overlapping views): each is
+    pickled as its own copy, so after a resume an update through one would no longer reach the
+    other — a silent difference."""
+    groups: dict[int, list[Any]] = {}
+    for array in arrays:
+        root = array
+        while getattr(root, "base", None) is not None:
+            root = root.base
+        groups.setdefault(id(root), []).append(array)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        import numpy as np
+
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                if a is not b and np.may_share_memory(a, b):
+                    raise pickle.PicklingError(
+                        f"two saved NumPy arrays share memory (shapes {a.shape} and {b.shape}, "
+                        "one a view of the other): saved apart they would stop sharing it; "
+                        "keep only one of them live across the checkpoint, or copy the view")
+
+
+_ARG_SIZE = {ord(op.code): (0 if op.arg is None else op.arg.n) for op in pickletools.opcodes}
+"""Opcode → its argument's size: ``n ≥ 0`` bytes, or pickletools' markers for a newline-ended
+argument (-1) and for a length prefix of 1, 4, 4 or 8 bytes (-2 … -5)."""
+_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+           pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}
+_STRINGS = {ord(pickle.SHORT_BINUNICODE), ord(pickle.BINUNICODE), ord(pickle.BINUNICODE8)}
+_GLOBAL_OPS = {ord(pickle.GLOBAL), ord(pickle.INST)}
+_STACK_GLOBAL = ord(pickle.STACK_GLOBAL)
+_MEMOIZE = ord(pickle.MEMOIZE)
+_PUTS = {ord(pickle.BINPUT), ord(pickle.LONG_BINPUT)}
+_GETS = {ord(pickle.BINGET), ord(pickle.LONG_BINGET)}
+_STOP = ord(pickle.STOP)
+
+
+def globals_of(data: bytes) -> set[tuple[str, str]]:
+    """Every (module, name) a pickle imports when loaded.
+
+    A linear scan of the opcodes (what :func:`pickletools.genops` does, without decoding the
+    arguments it does not need). ``STACK_GLOBAL`` takes its two names from the two items pushed
+    just before it, literally or from the memo. A save records its globals as it pickles (much
+    faster than a scan); the tests check the record against this scan.
+    """
+    found: set[tuple[str, str]] = set()
+    memo: list[Any] = []
+    memo_at: dict[int, Any] = {}
+    last: Any = None
+    before: Any = None
+    i, end = 0, len(data)
+    view = memoryview(data)
+    while i < end:
+        code = data[i]
+        i += 1
+        size = _ARG_SIZE.get(code)
+        if size is None:
+            raise pickle.PicklingError(f"an opcode the check does not know ({code})")
+        value: Any = None
+        if code in _GLOBAL_OPS:
+            first = data.index(b"\n", i)
+            second = data.index(b"\n", first + 1)
+            found.add((data[i:first].decode(), data[first + 1:second].decode()))
+            i = second + 1
+        elif size >= 0:
+            if code in _PUTS:
+                memo_at[int.from_bytes(view[i:i + size], "little")] = last
+            elif code in _GETS:
+                value = memo_at.get(int.from_bytes(view[i:i + size], "little"))
+            i += size
+        elif size == pickletools.UP_TO_NEWLINE:
+            newline = data.index(b"\n", i)
+            if code == ord(pickle.GET):
+                value = memo_at.get(int(data[i:newline]))
+            elif code == ord(pickle.PUT):
+                memo_at[int(data[i:newline])] = last
+            i = newline + 1
+        else:
+            width = _PREFIX[size]
+            length = int.from_bytes(view[i:i + width], "little")
+            i += width
+            if code in _STRINGS:
+                value = bytes(view[i:i + length]).decode("utf-8", "surrogatepass")
+            i += length
+        if code == _STACK_GLOBAL:
+            if not (isinstance(before, str) and isinstance(last, str)):
+                raise pickle.PicklingError("an import the check cannot follow")
+            found.add((before, last))
+        elif code == _MEMOIZE:
+            memo_at[len(memo)] = last
+            memo.append(last)
+            continue  # MEMOIZE leaves the stack as it was
+        elif code in _PUTS or code == ord(pickle.PUT):
+            continue
+        elif code == _STOP:
+            break
+        before, last = last, value
+    return found
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, allowed: frozenset[tuple[str, str]],
+                 blob: Callable[[str], bytes]) -> None:
+        super().__init__(file)
+        self.allowed = allowed
+        self.blob = blob
+        self.objects: dict[tuple[str, int], Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.allowed or denied(module, name):
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which this program's "
+                                         "saved state does not use")
+        if (module, name) == ("cloudpickle.cloudpickle", "_builtin_type"):
+            return _builtin_type
+        found = super().find_class(module, name)
+        if found is types.CodeType:
+            return _checked_code
+        return found
+
+    def _data(self, where: str, ref: bytes | str) -> bytes:
+        if where == "inline" and isinstance(ref, bytes):
+            return ref
+        if where == "blob" and isinstance(ref, str):
+            return self.blob(ref)
+        raise pickle.UnpicklingError("a damaged reference to saved data")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not isinstance(pid, tuple) or not pid:
+            raise pickle.UnpicklingError("a damaged reference to saved data")
+        kind = pid[0]
+        if kind in ("str", "bytes") and len(pid) == 3:
+            data = self._data(pid[1], pid[2])
+            return data.decode("utf-8", "surrogatepass") if kind == "str" else data
+        if kind == "storage" and len(pid) == 6:
+            key = ("storage", int(pid[1]))
+            if key not in self.objects:
+                import torch
+
+                raw = self._data(pid[4], pid[5])
+                untyped = torch.UntypedStorage.from_buffer(raw, dtype=torch.uint8) if raw \
+                    else torch.UntypedStorage(0)
+                if pid[3] != "cpu":
+                    untyped = untyped.to(device=torch.device(pid[3]))
+                dtype = getattr(torch, str(pid[2]))
+                if not isinstance(dtype, torch.dtype):
+                    raise pickle.UnpicklingError("a damaged reference to saved data")
+                self.objects[key] = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype,
+                                                               _internal=True)
+            return self.objects[key]
+        if kind == "ndarray" and len(pid) == 6:
+            key = ("ndarray", int(pid[1]))
+            if key not in self.objects:
+                import numpy as np
+
+                raw = self._data(pid[4], pid[5])
+                # A copy owns its data (base None): saved as a blob again next time.
+                array = np.frombuffer(raw, dtype=np.dtype(str(pid[2]))).reshape(tuple(pid[3]))
+                self.objects[key] = array.copy()
+            return self.objects[key]
+        raise pickle.UnpicklingError("a damaged reference to saved data")
+
+
+def loads(data: bytes, anchors: Mapping[tuple[str, ...], Any], allowed: Iterable[Iterable[str]],
+          blob: Callable[[str], bytes]) -> Any:
+    """The payload back; :class:`CheckpointError` (one line) for one this program cannot load."""
+    _Context.load_anchors = dict(anchors)
+    try:
+        pairs = frozenset((str(m), str(n)) for m, n in allowed)
+        return _Unpickler(io.BytesIO(data), pairs, blob).load()
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"cannot resume: the resume state is refused: {exc}; remove it "
+                              "to start over") from None
+    finally:
+        _Context.load_anchors = {}

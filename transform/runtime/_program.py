@@ -1,0 +1,466 @@
+"""Program and Activation: the calls a generated program makes, and the walk back on resume.
+
+See :mod:`transform.runtime` for the protocol between the generated code and this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from transform.planspec import HintSpec, Plan, PlanError
+from transform.runtime._exit import CheckpointError, ExitWatch
+from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
+from transform.runtime._pickling import dumps, loads, set_program
+from transform.runtime._rng import rng_state, set_rng_state
+from transform.runtime._statefile import StateDir, StoredState, resolve_directory
+
+__all__ = ["Program", "Activation", "KILL_ENV", "DEDUP_ENV", "SKIP"]
+
+KILL_ENV = "ECRL_TRANSFORM_KILL_AT"
+"""Failure injection for tests: ``N`` (SIGKILL right after the N-th save of this process) or
+``N:POINT`` (during the N-th save, at an :data:`ecrl.contract.atomicio.CRASH_POINTS` step)."""
+DEDUP_ENV = "ECRL_TRANSFORM_DEDUP"
+"""``0`` writes every value into every checkpoint (no blob saved once): the benchmark's baseline."""
+
+
+# --------------------------------------------------------------------------- program, regions
+
+
+class Program:
+    """One transformed program: its plan, its resume state, its regions' entries."""
+
+    def __init__(self, file: str, plan: Mapping[str, Any]) -> None:
+        self.file = file
+        try:
+            self.plan = Plan.from_literal(plan)
+        except PlanError as exc:
+            raise CheckpointError(f"{file}: {exc}; transform the original program again with "
+                                  "the installed ecrl-transform") from None
+        self.hints: Mapping[int, HintSpec] = self.plan.hints
+        self.sites = self.plan.sites
+        self.state_dir = StateDir(resolve_directory(file, self.plan.ckpt_dir))
+        self.directory = self.state_dir.directory
+        self.path = self.state_dir.path
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.entries: dict[str, int] = {}
+        # Functions and classes are found in, and closures bound to, the program's namespace.
+        set_program(sys._getframe(1).f_globals, file)
+        self.dedup = os.environ.get(DEDUP_ENV, "1") != "0"
+        if self.rank == 0:
+            self.state_dir.clean()
+        self.pending: StoredState | None = self.state_dir.read(self.plan.source)
+        self.walking: list[Activation] = []
+        self.saves = 0
+        self.kill_at = _parse_kill(os.environ.get(KILL_ENV))
+        ExitWatch.install(self)
+
+    def where(self, line: int) -> str:
+        """A position in the original program, for messages: ``file:line``."""
+        return f"{self.plan.original or self.file}:{line}"
+
+    def enter(self, region: str) -> Activation:
+        entry = self.entries.get(region, 0) + 1
+        self.entries[region] = entry
+        state = self.pending
+        if state is not None and state.region == region and state.entry == entry:
+            self.pending = None
+            return Activation(self, region, entry, state, sys._getframe(1))
+        return Activation(self, region, entry, None, sys._getframe(1))
+
+    # -- writing
+    def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes]) -> None:
+        self.saves += 1
+        hook: Callable[[str], None] | None = None
+        kill = self.kill_at
+        if kill is not None and kill[0] == self.saves and kill[1] != "after":
+            point = kill[1]
+
+            def hook(step: str) -> None:
+                if step == point:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        if self.rank == 0:
+            if self.saves == 1:
+                self.state_dir.prepare()
+            self.state_dir.write(header, data, blobs, hook=hook)
+        if kill is not None and kill == (self.saves, "after"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def complete(self) -> None:
+        """The program ended normally: its resume state is spent."""
+        if self.rank == 0:
+            self.state_dir.remove()
+
+
+def _parse_kill(value: str | None) -> tuple[int, str] | None:
+    if not value:
+        return None
+    count, _, point = value.partition(":")
+    return int(count), point or "after"
+
+
+class _Skip(BaseException):
+    """Raised as the first statement of a skipped ``with`` body; :data:`SKIP` swallows it."""
+
+
+class _SkipContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> bool:
+        return kind is _Skip
+
+
+SKIP = _SkipContext()
+_NOTHING = object()
+
+
+class Activation:
+    """One execution of a region (a call of a checkpointing function, or the module's run)."""
+
+    __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
+                 "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
+                 "pending")
+
+    SKIP = SKIP
+
+    def __init__(self, program: Program, region: str, entry: int, state: StoredState | None,
+                 frame: types.FrameType) -> None:
+        self.program = program
+        self.region = region
+        self.entry = entry
+        self.state = state
+        self.run = state is None
+        """False while walking back to the saved point: guarded statements are skipped."""
+        self.target = state.hint if state is not None else 0
+        self.counters: dict[int, int] = {}
+        self.index: dict[int, int] = {}
+        self.entry_rng: dict[int, Any] = {}
+        self.subjects: dict[int, Any] = {}
+        self.marked: dict[int, dict[int, int]] = {}
+        self.pending = False
+        self.values: dict[str, Any] | None = None
+        self.is_module = region == "<module>"
+        info = program.plan.regions.get(region)
+        scope = frame.f_locals
+        # The parameters' objects as the caller passed them: saved values identical to these
+        # are restored in place on resume, into the objects the caller rebuilds.
+        self.entry_objects = {name: scope[name] for name in (info.params if info else ())
+                              if name in scope}
+        if state is not None:
+            program.walking.append(self)
+
+    # -- steering, used by generated headers
+    def into(self, site: int) -> bool:
+        """Walking, and the saved point lies inside this site (an arm, a loop, a case)."""
+        return not self.run and self.target in self.program.sites.get(site, ())
+
+    def enters(self, site: int) -> bool:
+        return self.run or self.target in self.program.sites.get(site, ())
+
+    def skip(self, site: int = 0) -> None:
+        """First statement of a ``with`` body: leave the block at once if it is skipped."""
+        if not self.run and self.target not in self.program.sites.get(site, ()):
+            raise _Skip
+
+    def loop(self, site: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
+        """Wrap a ``for`` loop's iterable: track its position, or restart it at the saved one."""
+        if self.run:
+            if site not in self.program.plan.ranges:
+                # The iterable may draw random numbers when it is created or iterated (a
+                # shuffling loader): a fast-forward replays them from this state.
+                self.entry_rng[site] = rng_state()
+            return lambda iterable: self._track(site, iterable, 0, iter(iterable))
+        if self.target not in self.program.sites.get(site, ()):
+            return lambda iterable: iter(())
+        payload = self._payload()
+        start = payload["loops"][site]
+        entry_state = payload["entry_rng"].get(site)
+        if entry_state is not None:
+            set_rng_state(entry_state)
+            self.entry_rng[site] = entry_state
+        return lambda iterable: self._track(site, iterable, start, self._seek(site, iterable,
+                                                                              start))
+
+    def _seek(self, site: int, iterable: Iterable[Any], start: int) -> Iterator[Any]:
+        if isinstance(iterable, range | list | tuple | str | bytes):
+            return iter(iterable[start:])
+        iterator = iter(iterable)
+        skipped = sum(1 for _ in itertools.islice(iterator, start))
+        if skipped < start:
+            raise CheckpointError(
+                f"cannot resume: the loop of site {site} yields {skipped} items before the saved "
+                f"position {start}; iterables other than range and sequences are fast-forwarded "
+                "and must give the same items on every run")
+        return iterator
+
+    def _track(self, site: int, iterable: Iterable[Any], start: int,
+               iterator: Iterator[Any]) -> Iterator[Any]:
+        index = self.index
+        for i, item in enumerate(iterator, start):
+            index[site] = i
+            yield item
+
+    def subject(self, site: int, value: Any) -> Any:
+        """A ``match`` subject: kept, so resuming matches the same case."""
+        self.subjects[site] = value
+        return value
+
+    def replay(self, site: int) -> Any:
+        if self.target in self.program.sites.get(site, ()):
+            value = self._payload()["subjects"][site]
+            self.subjects[site] = value
+            return value
+        return _NOTHING
+
+    # -- the model's clock through branches
+    def mark(self, site: int) -> None:
+        """Before a branch whose arms hold chosen hints: remember its slots' counters."""
+        if self.run:
+            counters = self.counters
+            self.marked[site] = {s: counters.get(s, 0) for s in self.program.plan.settle[site]}
+
+    def settle(self, site: int) -> None:
+        """After the branch: count every position the model gives its slots, whichever arm
+        ran; a checkpoint the schedule placed on a position the run skipped is taken at the
+        next chosen hint instead."""
+        if not self.run:
+            return
+        before = self.marked.pop(site, None)
+        if before is None:
+            return
+        for slot, positions in self.program.plan.settle[site].items():
+            want = before[slot] + positions
+            have = self.counters.get(slot, 0)
+            if have < want:
+                rule = self.program.plan.slots[slot]
+                if any(rule.fires(o) for o in range(have + 1, want + 1)):
+                    self.pending = True
+                self.counters[slot] = want
+
+    # -- restoring
+    def restoring(self, hint: int) -> bool:
+        return not self.run and self.target == hint
+
+    def restore(self, hint: int) -> tuple[Any, ...]:
+        """The saved values of the hint's always-bound names, in the plan's order."""
+        values = self._values(sys._getframe(1))
+        try:
+            return tuple(values[name] for name in self.program.hints[hint].save)
+        except KeyError as exc:
+            raise CheckpointError(f"cannot resume: {exc} was not saved (please report this "
+                                  "with the program)") from None
+
+    def saved(self, name: str) -> bool:
+        return self.values is not None and name in self.values
+
+    def value(self, name: str) -> Any:
+        assert self.values is not None
+        return self.values[name]
+
+    def _payload(self) -> dict[str, Any]:
+        state = self.state
+        assert state is not None
+        if state.payload is None:
+            raise CheckpointError("cannot resume: the saved values are needed before they can "
+                                  "be loaded (please report this with the program)")
+        return state.payload
+
+    def _values(self, frame: types.FrameType) -> dict[str, Any]:
+        if self.values is not None:
+            return self.values
+        state = self.state
+        assert state is not None
+        header = state.header
+        scope = frame.f_globals if self.is_module else frame.f_locals
+        current: dict[tuple[str, ...], Any] = {}
+        for key in header["anchors"]:
+            token = tuple(json.loads(key))
+            holder = frame.f_globals if token[0] == "g" else scope
+            if token[1] not in holder:
+                raise CheckpointError(f"cannot resume: `{token[1]}` is not bound when the "
+                                      "resumed function starts")
+            obj = holder[token[1]]
+            if len(token) > 2:
+                getter = {"p": "get_parameter", "b": "get_buffer", "m": "get_submodule"}[
+                    token[2]]
+                obj = getattr(obj, getter)(token[3])
+            current[token] = obj
+        payload = loads(state.data, current, header["globals"], self.program.state_dir.blob)
+        state.payload = payload
+        for token_list, saved in payload["anchor_states"]:
+            token = tuple(token_list)
+            apply_anchor(header["anchors"][json.dumps(token_list)], current[token], saved,
+                          token[1])
+        values: dict[str, Any] = dict(payload["values"])
+        global_names = set(payload["global_names"])
+        replaced: dict[int, Any] = {}
+        for name, saved in list(values.items()):
+            holder = frame.f_globals if name in global_names else scope
+            if name in holder and holder[name] is not saved and \
+                    update_container(holder[name], saved):
+                replaced[id(saved)] = holder[name]
+                values[name] = holder[name]
+        for name, saved in list(values.items()):
+            values[name] = replaced.get(id(saved), saved)
+        for name in payload["extra_globals"]:
+            frame.f_globals[name] = values.pop(name)
+        self.counters = dict(payload["counters"])
+        self.marked = {site: dict(m) for site, m in payload["marked"].items()}
+        self.pending = payload["pending"]
+        self.index.update(payload["loops"])
+        self.values = values
+        return values
+
+    # -- checkpoints
+    def checkpoint(self, hint: int) -> bool:
+        """After a chosen hint: save when the schedule says so; True where a walk arrives."""
+        if not self.run:
+            if hint != self.target:
+                return False
+            frame = sys._getframe(1)
+            self._values(frame)
+            set_rng_state(self._payload()["rng"])
+            self.run = True
+            self.program.walking.remove(self)
+            return True
+        info = self.program.hints[hint]
+        slot = info.slot
+        occurrence = self.counters.get(slot, 0) + 1
+        self.counters[slot] = occurrence
+        if self.program.plan.slots[slot].fires(occurrence) or self.pending:
+            self.pending = False
+            self._save(hint, info, sys._getframe(1))
+        return False
+
+    def _save(self, hint: int, info: HintSpec, frame: types.FrameType) -> None:
+        program = self.program
+        _check_nesting(self, frame, info.line)
+        scope = frame.f_globals if self.is_module else frame.f_locals
+        region = program.plan.regions.get(self.region)
+        declared = set(region.declared if region else ())
+        values: dict[str, Any] = {}
+        global_names: list[str] = []
+        extra_globals: list[str] = []
+        for name in (*info.save, *info.maybe):
+            holder = frame.f_globals if name in declared else scope
+            if name in holder:
+                values[name] = holder[name]
+                if name in declared:
+                    global_names.append(name)
+        if not self.is_module:
+            # Module globals the function may read or change: the module rebuilds them before
+            # the function runs again, so they are restored in place (or rebound) on resume.
+            for name in (region.globals if region else ()):
+                if name in frame.f_globals and name not in values:
+                    values[name] = frame.f_globals[name]
+                    global_names.append(name)
+                    extra_globals.append(name)
+        anchors, anchor_states = self._anchors(values, set(global_names))
+        payload = {
+            "values": values,
+            "global_names": global_names,
+            "extra_globals": extra_globals,
+            "anchor_states": anchor_states,
+            "rng": rng_state(),
+            "loops": {site: self.index[site] for site in info.loops if site in self.index},
+            "entry_rng": {site: self.entry_rng[site] for site in info.loops
+                          if site in self.entry_rng},
+            "subjects": {site: self.subjects[site] for site in info.subjects
+                         if site in self.subjects},
+            "counters": dict(self.counters),
+            "marked": dict(self.marked),
+            "pending": self.pending,
+        }
+        try:
+            dumped = dumps(payload, anchors, dedup=program.dedup)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise _unsaveable(program, hint, info, values, anchors, exc) from None
+        header = {
+            "program": program.plan.source, "region": self.region,
+            "entry": self.entry, "hint": hint, "globals": dumped.globals,
+            "anchors": {json.dumps(list(t)): k for t, k in _token_kinds(anchors, values)},
+        }
+        program.write(header, dumped.data, dumped.blobs)
+
+    def _anchors(self, values: Mapping[str, Any], global_names: set[str]
+                 ) -> tuple[dict[int, tuple[str, ...]], list[tuple[list[str], Any]]]:
+        """Saved values the resumed program rebuilds by itself: restored in place."""
+        anchors: dict[int, tuple[str, ...]] = {}
+        states: list[tuple[list[str], Any]] = []
+        if self.is_module:
+            return anchors, states
+        for name, obj in values.items():
+            if name in global_names:
+                where = "g"
+            elif name in self.entry_objects and self.entry_objects[name] is obj:
+                where = "l"
+            else:
+                continue
+            kind = anchor_kind(obj)
+            if kind is None or id(obj) in anchors:
+                continue
+            token = (where, name)
+            anchors[id(obj)] = token
+            states.append((list(token), anchor_state(kind, obj)))
+            if kind == "module":
+                for tag, items in (("p", obj.named_parameters()), ("b", obj.named_buffers()),
+                                   ("m", obj.named_modules())):
+                    for qual, sub in items:
+                        if qual and id(sub) not in anchors:
+                            anchors[id(sub)] = (where, name, tag, qual)
+        return anchors, states
+
+
+def _token_kinds(anchors: Mapping[int, tuple[str, ...]], values: Mapping[str, Any]
+                 ) -> Iterator[tuple[tuple[str, ...], str]]:
+    by_name = {name: obj for name, obj in values.items()}
+    for token in anchors.values():
+        if len(token) == 2:
+            kind = anchor_kind(by_name[token[1]])
+            assert kind is not None
+            yield token, kind
+        else:
+            yield token, "sub"
+
+
+def _check_nesting(activation: Activation, frame: types.FrameType, line: int) -> None:
+    outer = frame.f_back
+    while outer is not None:
+        if outer.f_code.co_name == "<module>":
+            other = outer.f_globals.get("_ecrl")
+        else:
+            other = outer.f_locals.get("_ecrl")
+        if isinstance(other, Activation) and other is not activation:
+            raise CheckpointError(
+                f"{activation.program.where(line)}: a checkpoint in {activation.region} while "
+                f"{other.region}, which checkpoints too, is running: a resumed program can "
+                "continue only one of them; keep the hints of one of the two")
+        outer = outer.f_back
+
+
+def _unsaveable(program: Program, hint: int, info: HintSpec, values: Mapping[str, Any],
+                anchors: dict[int, tuple[str, ...]], exc: Exception) -> CheckpointError:
+    """Name the value that could not be saved (the payload failed as a whole)."""
+    line = info.line
+    for name, obj in values.items():
+        try:
+            dumps({"value": obj}, anchors)
+        except Exception as inner:
+            kind = type(obj).__name__
+            advice = ("define it with `def` inside the function (definitions are re-created on "
+                      "resume)" if isinstance(obj, types.FunctionType) else
+                      "create it after the checkpoint, or move the hint to where it is not "
+                      "live")
+            return CheckpointError(f"{program.where(line)}: cannot save `{name}` (a {kind}) at "
+                                   f"this checkpoint: {inner}; {advice}")
+    return CheckpointError(f"{program.where(line)}: cannot save the live values at this "
+                           f"checkpoint: {type(exc).__name__}: {exc}")
