@@ -17,7 +17,7 @@ from typing import Any
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
-from ecrl.contract.runformat import STRATEGIES
+from ecrl.runtime.registry import built_strategies, strategy_names
 
 __all__ = [
     "STRATEGIES",
@@ -29,7 +29,10 @@ __all__ = [
     "parse_int_list",
 ]
 
-BUILT_STRATEGIES = ("none", "blocking", "overlapped")
+STRATEGIES = strategy_names()
+"""Every strategy ``--strategy`` accepts (from :mod:`ecrl.runtime.registry`)."""
+BUILT_STRATEGIES = built_strategies()
+"""The strategies a run can use today (from :mod:`ecrl.runtime.registry`)."""
 MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 DEFAULT_FAKE_SIZE = 4096
@@ -144,9 +147,9 @@ class RunConfig:
                 raise bad(f.name.replace("_", "-"), f"must be {_KIND_NAMES[kind]}, got {value!r}")
         if not self.out:
             raise bad("out", "must name a directory")
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in strategy_names():
             raise bad("strategy", f"{self.strategy!r} is unknown: choose one of "
-                                  f"{', '.join(STRATEGIES)}")
+                                  f"{', '.join(strategy_names())}")
         if self.model not in MODELS:
             raise bad("model", f"{self.model!r} is unknown: choose one of {', '.join(MODELS)}")
         if self.dataset not in DATASETS:

@@ -1,0 +1,149 @@
+"""``ecrl.GlobalBatchSampler``: ECRL's data order as a ``torch.utils.data`` batch sampler.
+
+Each iteration step yields this rank's shard of the step's global window
+(:func:`ecrl.contract.semantics.shard`) as a list of sample IDs, so it drops into
+``DataLoader(dataset, batch_sampler=sampler)``. Rank and world size come from
+``torch.distributed`` when it is initialised (read when iteration starts), else 0 and 1.
+
+Its state (``state_dict``/``load_state_dict``, torch's Stateful protocol) is the position of the
+next step, with the geometry and seed it belongs to, so it rides in ``torch.save``, DCP and
+``StatefulDataLoader`` states. The window of a step does not depend on the world size: a state
+loaded into a job of another world size re-shards the same windows.
+
+Why the position is not simply "how many batches were yielded": a ``DataLoader`` with workers
+asks for batches ahead of the training loop (``prefetch_factor × num_workers``), so at a
+checkpoint the sampler has run ahead of the steps that really completed. The training loop tells
+the sampler which step completed (:meth:`step_done`; :class:`ecrl.StepLog` and
+:class:`ecrl.Checkpointer` do it for you), and from then on the state is the step after the last
+completed one. Without that call (e.g. ``num_workers=0`` and no step log) the state is the
+position after the last batch yielded, which is the same thing when nothing is prefetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import Sampler
+
+from ecrl.contract import semantics
+from ecrl.contract.errors import SemanticsError
+
+__all__ = ["GlobalBatchSampler", "dist_rank_world"]
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group, or ``(0, 1)`` without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """This rank's shard of every step's window, from a resumable position.
+
+    ``dataset_size`` (D) and ``global_batch`` (B, summed over ranks) fix the geometry: an epoch is
+    ``D // B`` steps and the ``D % B`` IDs left over are not used in that epoch. ``steps``: stop
+    after this global step count (None: iterate for ever; drive the loop by step count).
+    ``rank``/``world_size``: override what ``torch.distributed`` says.
+    """
+
+    def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0,
+                 steps: int | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        self.geometry = semantics.Geometry(dataset_size=dataset_size, global_batch=global_batch)
+        self.seed = semantics.SamplerState.at_step(self.geometry, seed, 0).seed
+        self.steps = steps
+        self._rank, self._world = rank, world_size
+        if world_size is not None or rank is None:
+            self.geometry.local_batch(self.world_size)  # B % W, with the standard message
+        self._next = 0
+        self._tracked = False
+        self._pending: str | None = None
+
+    # --- geometry --------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else dist_rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world if self._world is not None else dist_rank_world()[1]
+
+    @property
+    def local_batch(self) -> int:
+        """L = B / W (checks that W divides B)."""
+        return self.geometry.local_batch(self.world_size)
+
+    @property
+    def next_step(self) -> int:
+        """The global step the next batch belongs to."""
+        return self._next
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` says about this sampler."""
+        return {"kind": "ecrl", "name": "ecrl.GlobalBatchSampler"}
+
+    # --- iteration -------------------------------------------------------------------------------
+
+    def expect_state(self, reason: str) -> None:
+        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending)."""
+        self._pending = reason
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self._pending is not None:
+            raise SemanticsError(
+                f"GlobalBatchSampler iterated before its saved state was loaded ({self._pending}):"
+                " call Checkpointer.restore() (or sampler.load_state_dict) before iterating the "
+                "data loader, or the run would restart its data order"
+            )
+        rank, world = self.rank, self.world_size
+        self.geometry.local_batch(world)
+        state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
+        for step, ids in state.iter_shards(rank, world):
+            if self.steps is not None and step >= self.steps:
+                return
+            if not self._tracked:
+                self._next = step + 1
+            yield ids.tolist()
+
+    def __len__(self) -> int:
+        """Batches left until ``steps`` (needs ``steps``)."""
+        if self.steps is None:
+            raise TypeError("GlobalBatchSampler(steps=None) is endless: give steps= to get a "
+                            "length, or drive the loop by step count")
+        return max(0, self.steps - self._next)
+
+    def step_done(self, step: int) -> None:
+        """The training loop completed global step ``step``: the state now points at step + 1."""
+        self._tracked = True
+        self._next = int(step) + 1
+
+    def shard_of(self, step: int) -> Any:
+        """This rank's IDs of global step ``step`` (int64 array): what the batch should hold."""
+        return semantics.shard(self.geometry, self.seed, step, self.rank, self.world_size)
+
+    # --- Stateful --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The next step's position: ``{epoch, cursor_step, seed, geometry, permutation}``."""
+        return semantics.SamplerState.at_step(self.geometry, self.seed, self._next).to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue from a saved position; its data set size, global batch and seed must be
+        this sampler's."""
+        state = semantics.SamplerState.from_dict(state_dict)
+        if state.geometry != self.geometry or state.seed != self.seed:
+            raise SemanticsError(
+                f"the saved sampler state was built for D={state.geometry.dataset_size}, "
+                f"B={state.geometry.global_batch}, seed={state.seed}, this sampler has "
+                f"D={self.geometry.dataset_size}, B={self.geometry.global_batch}, "
+                f"seed={self.seed}: resume with the run's own data set, batch and seed, or start "
+                "a new run directory"
+            )
+        self._next = state.global_step
+        self._tracked = True
+        self._pending = None
