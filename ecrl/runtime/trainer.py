@@ -41,17 +41,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ecrl import Checkpointer, GlobalBatchSampler, StepLog
 from ecrl.contract.atomicio import atomic_write_bytes, atomic_write_text
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.runformat import RunManifest, RunPaths, read_json_record
+from ecrl.runtime.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.bgwriter import WriterCrashed
-from ecrl.runtime.checkpointer import seed_all
+from ecrl.runtime.checkpointer import Checkpointer, seed_all
 from ecrl.runtime.datasets import build_dataset
 from ecrl.runtime.failure import FATAL_EXIT_CODE, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.models import build_model
 from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.steplog import StepLog
 
 __all__ = ["FINAL_DIR", "Trainer", "main", "params_digest"]
 
