@@ -65,10 +65,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config.strategy not in BUILT_STRATEGIES:
         return _not_built(f"run --strategy {config.strategy}",
                           f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
-    if config.deadline is not None:
-        return _not_built("run --deadline", "checkpoints come every --ckpt-every steps, and "
-                          "Ctrl-C or SIGTERM stops the job at the last durable one; run `ecrl "
-                          "run --out DIR` again to continue")
     from ecrl.runtime.supervisor import Supervisor
 
     return Supervisor(config).run()

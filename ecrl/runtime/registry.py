@@ -54,7 +54,9 @@ register_strategy("blocking", "ecrl.runtime.strategies:BlockingCheckpoints",
 register_strategy("overlapped", "ecrl.runtime.strategies:OverlappedCheckpoints",
                   summary="rank 0 copies the state; a background process writes it")
 register_strategy("sharded", None, summary="every rank writes its part (not built yet)")
-register_strategy("jit", None, summary="healthy ranks save when a peer fails (not built yet)")
+register_strategy("jit", "ecrl.runtime.jit:JitCheckpoints",
+                  summary="a healthy rank saves when a peer dies or hangs (at most one step "
+                  "replayed); --ckpt-every K adds a fallback every K steps")
 
 
 def strategy_names() -> tuple[str, ...]:

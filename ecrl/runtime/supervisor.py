@@ -55,6 +55,8 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._proc import signal_on_parent_death
+from ecrl.runtime.deadline import DEADLINE_EXIT_CODE, resolve_deadline
+from ecrl.runtime.endings import Ending, read_ending
 from ecrl.runtime.failure import (
     FiredFailure,
     RankError,
@@ -111,6 +113,26 @@ def _count(n: int, noun: str) -> str:
 
 def _torchrun_preexec() -> None:
     signal_on_parent_death(signal.SIGTERM)
+
+
+def _describe_ending(ending: Ending) -> str:
+    """One line: who hung or died, and what the just-in-time rescue saved."""
+    parts = []
+    if ending.status == "hung":
+        who = ", ".join(map(str, ending.stopped_ranks)) or "unknown"
+        bound = max((float(v.get("bound_s", 0)) for v in ending.hung.values()), default=0.0)
+        parts.append(f"hung: rank {who} stopped stepping (detected within the {bound:.1f} s "
+                     "bound)")
+    jit = ending.jit
+    if jit is not None:
+        if jit.get("saved"):
+            parts.append(f"jit: rank {jit.get('rank')} saved step {jit.get('global_step')} "
+                         f"({jit.get('source')} state) after {jit.get('reason')}")
+        else:
+            parts.append(f"jit: nothing saved ({jit.get('why_not')}) after {jit.get('reason')}")
+    elif ending.status == "jit":
+        parts.append("jit")
+    return "; ".join(parts)
 
 
 def _now_iso() -> str:
@@ -244,13 +266,15 @@ class _Outcome:
     exit_code: int
     last_step: int | None
     status: str
-    """completed, failed or stopped."""
+    """completed, failed, stopped, or (:mod:`ecrl.runtime.endings`) jit, hung, deadline."""
     fired: FiredFailure | None
     """The injected failure that ended it, if one did."""
     fatal: str | None
     """The message of an error no restart can fix, if a rank reported one."""
     error: RankError | None = None
     """A crash: the failing rank's own exception, from ``torchrun.log``."""
+    ending: Ending | None = None
+    """What the ranks' jit, hang and deadline markers say."""
 
 
 @dataclass(slots=True)
@@ -302,6 +326,7 @@ class Supervisor:
     _choice: ResumeChoice | None = field(default=None, init=False)
     _crash: CrashHook = field(default_factory=lambda: CrashHook.from_env(attempt=None),
                               init=False)
+    _deadline: float | None = field(default=None, init=False)
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -313,7 +338,9 @@ class Supervisor:
         if self.paths.manifest.exists():
             existing = read_json_record(self.paths.manifest, RunManifest)
             # Settings not given now are the run's own: `ecrl run --out DIR` alone continues it.
-            stored = {k: v for k, v in existing.extra.get("config", {}).items() if k != "out"}
+            # The deadline belongs to one invocation (a job's time limit), never to the run.
+            stored = {k: v for k, v in existing.extra.get("config", {}).items()
+                      if k not in ("out", "deadline")}
             given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
             self.config = RunConfig.from_dict({**stored, **given, "out": str(root)},
                                               explicit=self.config.explicit)
@@ -444,7 +471,9 @@ class Supervisor:
             resume_checksum=None if pointer is None else pointer.checksum,
             fail_at=tuple(fail_at), fail_rank=c.fail_rank, strategy=c.strategy,
             ckpt_every=self.manifest.ckpt_every, keep_checkpoints=c.keep_checkpoints,
-            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes))
+            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes),
+            deadline=self._deadline, deadline_k1=c.deadline_k1, deadline_k2=c.deadline_k2,
+            hang_timeout=c.hang_timeout_s)
 
     def _environment(self, world: int, attempt: AttemptEnv) -> dict[str, str]:
         env = dict(os.environ)
@@ -537,6 +566,8 @@ class Supervisor:
             return EXIT_FAILED
 
     def _run(self) -> int:
+        # A duration counts from this command's start, not from each attempt's.
+        self._deadline = resolve_deadline(self.config.deadline)
         if not self._open_run():
             return EXIT_OK
         self.out(self._header())
@@ -553,6 +584,11 @@ class Supervisor:
                     self._finish("failed")
                     return EXIT_FAILED
                 self._choice = None
+                if self._deadline is not None and time.time() >= self._deadline:
+                    self.out(f"ecrl {self.name}: the deadline has passed; run `ecrl {self.name} "
+                             f"--out {self.paths.root}` again to continue")
+                    self._finish("deadline")
+                    return DEADLINE_EXIT_CODE
                 outcome = self._attempt(choice)
                 code = self._conclude(outcome, relaunches)
                 if code is not None:
@@ -601,18 +637,24 @@ class Supervisor:
         outcome = _Outcome(attempt=attempt, exit_code=code, last_step=last,
                            fired=read_fired(self.paths, attempt),
                            fatal=read_fatal(self.paths, attempt), status="failed")
+        ending = read_ending(self.paths, attempt, world)
         if code == 0 and last == target - 1:
             outcome = replace(outcome, status="completed")
         elif self._stop is not None:
             outcome = replace(outcome, status="stopped")
+        elif ending is not None and outcome.fatal is None:
+            outcome = replace(outcome, status=ending.status, ending=ending)
         extra = dict(self.state.extra)
+        if outcome.ending is not None:
+            extra["endings"] = {**extra.get("endings", {}),
+                               str(attempt): outcome.ending.to_dict()}
         if outcome.status == "failed" and outcome.fired is None and outcome.fatal is None:
             outcome = replace(outcome, error=self._rank_error(attempt))
             if outcome.error is not None:
                 extra["crashes"] = {**extra.get("crashes", {}), str(attempt): {
                     "rank": outcome.error.rank, "exception": outcome.error.exception,
                     "last_step": last, "resumed_from_step": record.resumed_from_step}}
-        if outcome.fired is not None and outcome.status == "failed":
+        if outcome.fired is not None and outcome.status in ("failed", "jit", "hung"):
             fired = {"attempt": attempt, "global_step": outcome.fired.global_step,
                      "rank": outcome.fired.rank}
             extra["injected_failures"] = [*extra.get("injected_failures", []), fired]
@@ -639,10 +681,18 @@ class Supervisor:
             self.err(f"ecrl run: error: {outcome.fatal}")
             self._finish("failed")
             return EXIT_FAILED
+        if outcome.status == "deadline":
+            self.out(f"[attempt {attempt}] stopped after step {last} before the deadline, its "
+                     f"checkpoint committed; run `ecrl {self.name} --out {self.paths.root}` "
+                     "again to continue")
+            self._finish("deadline")
+            return DEADLINE_EXIT_CODE
         latest = read_latest(self.paths)
         after = ("no checkpoint yet" if latest is None
                  else f"latest checkpoint: step {latest.global_step}")
-        if outcome.fired is not None:
+        if outcome.ending is not None:
+            self.out(f"[attempt {attempt}] {_describe_ending(outcome.ending)}; {after}")
+        elif outcome.fired is not None:
             self.out(f"[attempt {attempt}] injected failure after step "
                      f"{outcome.fired.global_step} (rank {outcome.fired.rank}, exit 137); {after}")
         else:
