@@ -68,7 +68,7 @@ JIT_EXIT_CODE = 76
 CLAIM = "jit.claim"
 KILL_ENV = "ECRL_JIT_KILL"
 """Test hook ``STEP:PHASE[:RANK[:ATTEMPT]]``: SIGKILL rank RANK (default 1) at ``PHASE`` of
-``STEP`` in attempt ATTEMPT (default 0):
+``STEP`` in attempt ATTEMPT (default 0); several, comma-separated:
 ``forward`` (in the model's forward), ``pre-optimizer`` (all-reduce done, update not begun),
 ``post-optimizer`` (update done, record not yet logged)."""
 KILL_PHASES = ("forward", "pre-optimizer", "post-optimizer")
@@ -153,20 +153,22 @@ class _KillHook:
     def __init__(self, spec: str | None, rank: int, attempt: int) -> None:
         self.step: int | None = None
         self.phase = ""
-        if not spec:
-            return
-        parts = spec.split(":")
-        if not 2 <= len(parts) <= 4 or not parts[0].isdigit() or parts[1] not in KILL_PHASES \
-                or not all(p.isdigit() for p in parts[2:]):
-            raise ValueError(f"{KILL_ENV}={spec!r}: expected STEP:PHASE[:RANK[:ATTEMPT]] with "
-                             f"PHASE in {KILL_PHASES}")
-        want_rank = int(parts[2]) if len(parts) >= 3 else 1
-        want_attempt = int(parts[3]) if len(parts) == 4 else 0
-        if rank == want_rank and attempt == want_attempt:
-            self.step, self.phase = int(parts[0]), parts[1]
+        for one in (spec or "").split(","):
+            if not one.strip():
+                continue
+            parts = one.strip().split(":")
+            if not 2 <= len(parts) <= 4 or not parts[0].isdigit() \
+                    or parts[1] not in KILL_PHASES or not all(p.isdigit() for p in parts[2:]):
+                raise ValueError(f"{KILL_ENV}={spec!r}: expected STEP:PHASE[:RANK[:ATTEMPT]] "
+                                 f"with PHASE in {KILL_PHASES}")
+            want_rank = int(parts[2]) if len(parts) >= 3 else 1
+            want_attempt = int(parts[3]) if len(parts) == 4 else 0
+            if rank == want_rank and attempt == want_attempt:
+                self.step, self.phase = int(parts[0]), parts[1]
 
     def fire(self, step: int | None, phase: str) -> None:
         if self.step is not None and step == self.step and phase == self.phase:
+            sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
 
