@@ -89,6 +89,16 @@ def _add_launch_flags(p: argparse.ArgumentParser) -> None:
                    help="relaunches allowed after failures (default: failures injected + 3)")
     p.add_argument("--keep-checkpoints", type=int, metavar="K",
                    help="retention: keep the newest K >= 2 checkpoints (default 2)")
+    p.add_argument("--deadline", metavar="TIME",
+                   help="final checkpoint and stop before TIME (90s, 15m, 18:00, @UNIX; default "
+                        "SLURM_JOB_END_TIME); the script reads it as AttemptEnv.deadline")
+    p.add_argument("--deadline-k-step", type=float, metavar="K",
+                   help="deadline buffer: multiple of the longest step (default 10)")
+    p.add_argument("--deadline-k-ckpt", type=float, metavar="K",
+                   help="deadline buffer: multiple of the longest checkpoint (default 2)")
+    p.add_argument("--hang-timeout-s", type=float, metavar="S",
+                   help="a step not done in S seconds is a hang (default: 10 x p99 step time, at "
+                        "least 30 s; 0: off)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="OMP_NUM_THREADS per rank (default: cores / ranks per node)")
     p.add_argument("--nnodes", type=int, metavar="N",

@@ -8,8 +8,8 @@ save: it stops when
 
     remaining < max_step + max_ckpt + buffer,  buffer = k1 · max_step + k2 · max_ckpt
 
-(the seed's rule; k1 = 10 and k2 = 2 by default). Ranks agree on the stop step with one
-all-reduce (MAX) of their decision, so they stop together; rank 0 then commits the final
+(the seed's rule; k1 = 10 and k2 = 2 by default: ``--deadline-k-step``, ``--deadline-k-ckpt``).
+Ranks agree on the stop step with one all-reduce (MAX) of their decision, so they stop together; rank 0 then commits the final
 checkpoint with the atomic protocol and the attempt exits with :data:`DEADLINE_EXIT_CODE`, which
 the supervisor records as ``deadline`` (not a failure). ``ecrl run --out SAME`` continues.
 
@@ -98,7 +98,7 @@ class DeadlineRule:
 
     def __post_init__(self) -> None:
         if self.k1 < 0 or self.k2 < 0:
-            raise ConfigError("--deadline-k1 and --deadline-k2 must be >= 0")
+            raise ConfigError("--deadline-k-step and --deadline-k-ckpt must be >= 0")
 
     def reserve(self, max_step_s: float, max_ckpt_s: float) -> float:
         """Seconds that must remain before another step may start."""

@@ -48,7 +48,7 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
     "log_ids": bool,
     "lr": (int, float),
     "collective_timeout_s": (int, float),
-    **dict.fromkeys(("deadline_k1", "deadline_k2", "hang_timeout_s"), (int, float)),
+    **dict.fromkeys(("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"), (int, float)),
 }
 _KIND_NAMES: dict[type | tuple[type, ...], str] = {
     str: "a string", bool: "true or false", (int, float): "a number",
@@ -125,9 +125,9 @@ class RunConfig:
     deadline: str | None = None
     """TIME: commit a final checkpoint and stop before this time: a duration (90s, 15m, 1h30m), a
     time (18:00, 2026-11-23T18:00:00Z) or @UNIX seconds (default: SLURM_JOB_END_TIME when set)."""
-    deadline_k1: float = 10.0
+    deadline_k_step: float = 10.0
     """K: deadline buffer: multiple of the longest step time kept in reserve."""
-    deadline_k2: float = 2.0
+    deadline_k_ckpt: float = 2.0
     """K: deadline buffer: multiple of the longest checkpoint time kept in reserve."""
     hang_timeout_s: float | None = None
     """S: a rank whose step does not complete in S seconds is hung (default: 10 x the p99 step
@@ -221,7 +221,7 @@ class RunConfig:
             raise bad("lr", f"must be positive, got {self.lr!r}")
         if not self.collective_timeout_s > 0:
             raise bad("collective-timeout-s", "must be positive")
-        for name in ("deadline_k1", "deadline_k2", "hang_timeout_s"):
+        for name in ("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise bad(name.replace("_", "-"), f"must be a number >= 0, got {value!r}")

@@ -472,7 +472,8 @@ class Supervisor:
             fail_at=tuple(fail_at), fail_rank=c.fail_rank, strategy=c.strategy,
             ckpt_every=self.manifest.ckpt_every, keep_checkpoints=c.keep_checkpoints,
             max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes),
-            deadline=self._deadline, deadline_k1=c.deadline_k1, deadline_k2=c.deadline_k2,
+            deadline=self._deadline, deadline_k1=c.deadline_k_step,
+            deadline_k2=c.deadline_k_ckpt,
             hang_timeout=c.hang_timeout_s)
 
     def _environment(self, world: int, attempt: AttemptEnv) -> dict[str, str]:

@@ -1,0 +1,90 @@
+"""Deadline-aware final checkpoint with real torchrun ranks (issue 13, build 3).
+
+One run is interrupted by a series of deadlines drawn at random (``--deadline @UNIX``), each
+invocation continuing the previous one with ``ecrl run --out SAME``; then it runs to the end. Every
+time, the final checkpoint must be committed before the deadline, the ranks must stop at the same
+step with no step logged after it (at most one committed step of work lost), and the finished run
+must verify PASS with parameters bit-identical to an uninterrupted run. 2 deadlines by default;
+``-m slow`` draws 20 (``ECRL_DEADLINE_DRAWS`` overrides either).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ecrl
+from lineage_check import load_run
+
+from ecrl.contract.runformat import LatestPointer, RunPaths, SupervisorState, read_json_record
+from ecrl.runtime.deadline import DEADLINE_EXIT_CODE
+from ecrl.runtime.jit import logged_through
+
+ARGS = ["--dataset-size", "256", "--global-batch", "8", "--steps", "400", "--seed", "5",
+        "--world-sizes", "2", "--strategy", "overlapped", "--ckpt-every", "50",
+        "--deadline-k-step", "3", "--deadline-k-ckpt", "2"]
+STARTUP_S = 20.0
+"""Deadlines are drawn after this much of an invocation's time: torchrun and torch start first."""
+
+
+def _verify(root: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "verifier.cli", str(root), "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _deadlines(tmp_path: Path, draws: int, seed: int) -> None:
+    rng = random.Random(seed)
+    root = tmp_path / "run"
+    paths = RunPaths.of(root)
+    stops = 0
+    for _ in range(draws):
+        deadline = time.time() + STARTUP_S + rng.uniform(0.0, 4.0)
+        proc = ecrl("run", "--out", str(root), *ARGS, "--deadline", f"@{deadline:.3f}")
+        state = read_json_record(paths.supervisor, SupervisorState)
+        if proc.returncode == 0:
+            break  # the run reached its end before this deadline
+        assert proc.returncode == DEADLINE_EXIT_CODE, proc.stdout + proc.stderr
+        stops += 1
+        last = state.attempts[-1]
+        assert state.status == "deadline" and last.status == "deadline"
+        marker = json.loads((paths.attempt_dir(last.attempt) / "deadline.json").read_text())
+        pointer = read_json_record(paths.latest, LatestPointer)
+        # The final checkpoint is the attempt's last step, committed before the deadline.
+        assert pointer.global_step == marker["global_step"]
+        assert marker["committed"] < deadline and pointer.time < deadline
+        logged = [logged_through(paths.rank_log(last.attempt, r)) for r in range(2)]
+        assert logged == [pointer.global_step] * 2  # both ranks stopped there: nothing lost
+    assert stops >= 1
+    final = ecrl("run", "--out", str(root))
+    assert final.returncode == 0, final.stdout + final.stderr
+    assert _verify(root)["verdict"] == "PASS"
+    reference = tmp_path / "reference"
+    ref = ecrl("run", "--out", str(reference), *ARGS)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert load_run(root).final_digest() == load_run(reference).final_digest()
+
+
+def test_deadlines_commit_in_time_and_the_run_continues(tmp_path: Path) -> None:
+    _deadlines(tmp_path, int(os.environ.get("ECRL_DEADLINE_DRAWS", "2")), seed=7)
+
+
+@pytest.mark.slow
+def test_twenty_deadlines_across_a_run(tmp_path: Path) -> None:
+    _deadlines(tmp_path, int(os.environ.get("ECRL_DEADLINE_DRAWS", "20")), seed=20)
+
+
+def test_slurm_job_end_time_already_past_stops_before_launching(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    proc = ecrl("run", "--out", str(root), *ARGS, env={"SLURM_JOB_END_TIME": str(time.time())})
+    assert proc.returncode == DEADLINE_EXIT_CODE, proc.stdout + proc.stderr
+    assert "the deadline has passed" in proc.stdout
+    state = read_json_record(RunPaths.of(root).supervisor, SupervisorState)
+    assert state.status == "deadline" and state.attempts == []
