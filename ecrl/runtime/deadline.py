@@ -9,9 +9,10 @@ save: it stops when
     remaining < max_step + max_ckpt + buffer,  buffer = k1 · max_step + k2 · max_ckpt
 
 (the seed's rule; k1 = 10 and k2 = 2 by default: ``--deadline-k-step``, ``--deadline-k-ckpt``).
-Ranks agree on the stop step with one all-reduce (MAX) of their decision, so they stop together; rank 0 then commits the final
-checkpoint with the atomic protocol and the attempt exits with :data:`DEADLINE_EXIT_CODE`, which
-the supervisor records as ``deadline`` (not a failure). ``ecrl run --out SAME`` continues.
+Ranks agree on the stop step with one all-reduce (MAX) of their decision, so they stop together;
+rank 0 then commits the final checkpoint with the atomic protocol and the attempt exits with
+:data:`DEADLINE_EXIT_CODE`, which the supervisor records as ``deadline`` (not a failure).
+``ecrl run --out SAME`` continues.
 
 Before the first checkpoint has been timed, ``max_ckpt`` is an estimate from the state's size
 (:func:`estimate_ckpt_s`): a deadline must be honoured before any checkpoint was ever taken.

@@ -25,7 +25,7 @@ from lineage_check import load_run
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
 from ecrl.runtime.jit import logged_through
 
-JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "24", "--seed", "7",
+JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "48", "--seed", "7",
        "--world-sizes", "2", "--strategy", "jit"]
 
 
