@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,21 @@ def test_jit_phases_replay_at_most_one_step_and_match_the_uninterrupted_run(
     _same_as(jit_phases.root, jit_reference.root)
     report = _verify(jit_phases.root)
     assert report["verdict"] == "PASS"
+    metrics = report["runs"][0]["metrics"]
+    assert metrics["replayed_per_failure"] == [0, 1, 1] and metrics["endings"] == {"jit": 3}
+
+
+def test_verifier_warns_when_an_ending_replays_more_than_it_promises(
+        jit_phases: Run, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(jit_phases.root, copy)
+    data = json.loads((copy / "supervisor.json").read_text())
+    data["attempts"][1]["status"] = "deadline"  # a deadline stop replays nothing
+    (copy / "supervisor.json").write_text(json.dumps(data))
+    report = _verify(copy)
+    messages = [w["message"] for w in report["runs"][0]["warnings"] if w["kind"] == "ending"]
+    assert messages == ["attempt 1 stopped at its deadline, yet 1 of its steps were replayed "
+                        "(its final checkpoint should be its last step)"]
 
 
 def _rank_pids(root: Path, attempt: int) -> dict[int, int]:
