@@ -453,6 +453,9 @@ class Checkpointer:
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        if exc is not None:
-            self.rescue(exc)  # jit: does not return when it applies
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        self.rescue(exc)  # jit: does not return when it applies
+        with contextlib.suppress(Exception):  # the exception in flight says more
+            self.close()

@@ -88,3 +88,22 @@ def test_slurm_job_end_time_already_past_stops_before_launching(tmp_path: Path) 
     assert "the deadline has passed" in proc.stdout
     state = read_json_record(RunPaths.of(root).supervisor, SupervisorState)
     assert state.status == "deadline" and state.attempts == []
+
+
+def test_ecrl_launch_passes_the_deadline_to_a_users_script(tmp_path: Path) -> None:
+    """The user's own loop (docs/examples/ddp_train.py) gets the deadline through the public
+    API (AttemptEnv.deadline, read by its Checkpointer) and stops before it, checkpoint
+    committed."""
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_train.py"
+    root = tmp_path / "run"
+    deadline = time.time() + STARTUP_S + 3.0
+    proc = ecrl("launch", "--out", str(root), "--world-sizes", "2", "--strategy", "blocking",
+                "--ckpt-every", "1000", "--deadline", f"@{deadline:.3f}", "--", "python",
+                str(example), "--steps", "100000", "--workers", "0")
+    assert proc.returncode == DEADLINE_EXIT_CODE, proc.stdout + proc.stderr
+    paths = RunPaths.of(root)
+    marker = json.loads((paths.attempt_dir(0) / "deadline.json").read_text())
+    pointer = read_json_record(paths.latest, LatestPointer)
+    assert pointer.global_step == marker["global_step"] and pointer.time < deadline
+    assert marker["deadline"] == pytest.approx(deadline, abs=1e-3)
+    assert [logged_through(paths.rank_log(0, r)) for r in range(2)] == [pointer.global_step] * 2
