@@ -26,11 +26,12 @@ from ecrl.contract.runformat import LatestPointer, RunPaths, SupervisorState, re
 from ecrl.runtime.deadline import DEADLINE_EXIT_CODE
 from ecrl.runtime.jit import logged_through
 
-ARGS = ["--dataset-size", "256", "--global-batch", "8", "--steps", "400", "--seed", "5",
+ARGS = ["--dataset-size", "256", "--global-batch", "8", "--steps", "1500", "--seed", "5",
         "--world-sizes", "2", "--strategy", "overlapped", "--ckpt-every", "50",
         "--deadline-k-step", "3", "--deadline-k-ckpt", "2"]
-STARTUP_S = 20.0
-"""Deadlines are drawn after this much of an invocation's time: torchrun and torch start first."""
+STARTUP_S = 40.0
+"""Deadlines are drawn after an invocation's start-up (torchrun, torch, data): this much for the
+first one, then 1.3 x the longest start-up measured so far."""
 
 
 def _verify(root: Path) -> dict:
@@ -45,10 +46,14 @@ def _deadlines(tmp_path: Path, draws: int, seed: int) -> None:
     root = tmp_path / "run"
     paths = RunPaths.of(root)
     stops = 0
+    startup = STARTUP_S
     for _ in range(draws):
-        deadline = time.time() + STARTUP_S + rng.uniform(0.0, 4.0)
+        launched = time.time()
+        deadline = launched + startup + rng.uniform(1.0, 4.0)
         proc = ecrl("run", "--out", str(root), *ARGS, "--deadline", f"@{deadline:.3f}")
         state = read_json_record(paths.supervisor, SupervisorState)
+        first = paths.rank_log(state.attempts[-1].attempt, 0).read_text().split("\n", 1)[0]
+        startup = max(startup if stops else 0.0, 1.3 * (json.loads(first)["time"] - launched))
         if proc.returncode == 0:
             break  # the run reached its end before this deadline
         assert proc.returncode == DEADLINE_EXIT_CODE, proc.stdout + proc.stderr
@@ -96,7 +101,7 @@ def test_ecrl_launch_passes_the_deadline_to_a_users_script(tmp_path: Path) -> No
     committed."""
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_train.py"
     root = tmp_path / "run"
-    deadline = time.time() + STARTUP_S + 3.0
+    deadline = time.time() + STARTUP_S + 3.0  # the script imports torch and builds its data
     proc = ecrl("launch", "--out", str(root), "--world-sizes", "2", "--strategy", "blocking",
                 "--ckpt-every", "1000", "--deadline", f"@{deadline:.3f}", "--", "python",
                 str(example), "--steps", "100000", "--workers", "0")
