@@ -33,6 +33,9 @@ from ecrl.runtime._attempt import dist_rank_world, install_error_hook
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
 
 
+_ISSUED_LIMIT = 4096
+
+
 class GlobalBatchSampler(Sampler[list[int]]):
     """This rank's shard of every step's window, from a resumable position.
 
@@ -56,6 +59,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = False
         self._pending: str | None = None
         self._on_start: Callable[[], None] | None = None
+        self._issued: dict[int, tuple[int, int]] = {}
+        """(count, hash) of the shards handed out and not yet logged (see :meth:`expected`)."""
 
     # --- geometry --------------------------------------------------------------------------------
 
@@ -105,6 +110,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 return
             if not self._tracked:
                 self._next = step + 1
+            if len(self._issued) >= _ISSUED_LIMIT:
+                self._issued.pop(next(iter(self._issued)))
+            self._issued[step] = (int(ids.size), semantics.ids_hash(ids))
             yield ids.tolist()
 
     def __len__(self) -> int:
@@ -128,6 +136,15 @@ class GlobalBatchSampler(Sampler[list[int]]):
         """The training loop completed global step ``step``: the state now points at step + 1."""
         self._tracked = True
         self._next = int(step) + 1
+
+    def expected(self, step: int) -> tuple[int, int]:
+        """(count, multiset hash) of this rank's shard of ``step``: remembered from iteration
+        when this sampler handed it out, else computed."""
+        found = self._issued.pop(step, None)
+        if found is not None:
+            return found
+        ids = self.shard_of(step)
+        return int(ids.size), semantics.ids_hash(ids)
 
     def shard_of(self, step: int) -> Any:
         """This rank's IDs of global step ``step`` (int64 array): what the batch should hold."""

@@ -216,6 +216,7 @@ class StepLog:
                 f"step {step} logged {how} (rank {self.rank}, attempt {self.attempt}): call "
                 "log.step once per step, with increasing global steps")
         ids = _as_ids(sample_ids)
+        digest = semantics.ids_hash(ids)
         if self.sampler is not None:
             e, c = self.geometry.locate(step)
             if (epoch is not None and epoch != e) or (cursor_step is not None and cursor_step != c):
@@ -224,15 +225,12 @@ class StepLog:
                     f"({epoch}, {cursor_step}): leave epoch/cursor_step out with "
                     "GlobalBatchSampler")
             epoch, cursor_step = e, c
-            if self.check_ids:
-                expected = self.sampler.shard_of(step)
-                if ids.size != expected.size or semantics.ids_hash(ids) != semantics.ids_hash(
-                        expected):
-                    raise SemanticsError(
-                        f"the batch logged as step {step} (rank {self.rank}) does not hold the "
-                        f"IDs the sampler scheduled for that step: the loop's step counter and "
-                        f"the data loader are out of step (start the loop at "
-                        f"Checkpointer.restore()'s step, one batch per step)")
+            if self.check_ids and self.sampler.expected(step) != (int(ids.size), digest):
+                raise SemanticsError(
+                    f"the batch logged as step {step} (rank {self.rank}) does not hold the IDs "
+                    "the sampler scheduled for that step: the loop's step counter and the data "
+                    "loader are out of step (start the loop at Checkpointer.restore()'s step, "
+                    "one batch per step)")
         elif epoch is None or cursor_step is None:
             raise ConfigError("with an external sampler, log.step needs epoch= and cursor_step= "
                               "from your loop")
@@ -243,7 +241,7 @@ class StepLog:
             attempt=self.attempt, global_step=step, epoch=int(epoch),
             cursor_step=int(cursor_step), rank=self.rank, world_size=self.world_size,
             local_batch=self.local_batch or max(1, int(ids.size)), sample_ids_count=int(ids.size),
-            sample_ids_hash=semantics.format_hash(semantics.ids_hash(ids)),
+            sample_ids_hash=semantics.format_hash(digest),
             loss=_as_loss(loss), time=time.time(),
             sample_ids=ids.tolist() if self.log_ids else None, extra=extra))
         self._last = step
