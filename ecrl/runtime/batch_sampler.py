@@ -89,8 +89,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     # --- iteration -------------------------------------------------------------------------------
 
-    def expect_state(self, reason: str) -> None:
-        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending)."""
+    def expect_state(self, reason: str | None) -> None:
+        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending, for
+        ``reason``); None lifts the refusal (there was nothing to resume from)."""
         self._pending = reason
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -162,5 +163,4 @@ class GlobalBatchSampler(Sampler[list[int]]):
         this sampler's."""
         state = check_state(state_dict, self.geometry, self.seed)
         self._next = state.global_step
-        self._tracked = True
         self._pending = None
