@@ -40,7 +40,6 @@ from ecrl.contract.atomicio import CRASH_POINTS, atomic_write_bytes
 from ecrl.contract.ckptfile import (
     FOOTER_SIZE,
     CheckpointError,
-    VerifiedCheckpoint,
     read_verified,
     seal,
 )
@@ -67,7 +66,6 @@ __all__ = [
     "checkpoint_step",
     "commit_checkpoint",
     "read_latest",
-    "load_latest_verified",
     "apply_retention",
     "clean_temporaries",
 ]
@@ -214,17 +212,6 @@ def read_latest(paths: RunPaths) -> LatestPointer | None:
     if not paths.latest.exists():
         return None
     return read_json_record(paths.latest, LatestPointer)
-
-
-def load_latest_verified(paths: RunPaths, pointer: LatestPointer) -> VerifiedCheckpoint:
-    """Read and verify the checkpoint ``pointer`` names; a problem is a CheckpointError."""
-    try:
-        return read_verified(paths.checkpoints / pointer.path, expected_checksum=pointer.checksum)
-    except CheckpointError as exc:
-        raise CheckpointError(
-            f"{exc} (named by {paths.latest}; ECRL never loads such a checkpoint: restore the "
-            "file, or start a new run with another --out)"
-        ) from None
 
 
 def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str]:
