@@ -3,11 +3,46 @@
 Importing ``ecrl`` does not import torch. Three layers, one subpackage each: ``ecrl.contract``
 (torch-free: what the verifier and the transformer share), ``ecrl.runtime`` (the torch runtime)
 and ``ecrl.apps`` (command line, demo, benchmarks: the only layer importing verifier and transform).
+
+The library API for a user's own training loop (``docs/library.md``) loads torch when one of its
+names is first used: :class:`GlobalBatchSampler`, :class:`WithSampleIds`, :class:`StepLog`,
+:class:`Checkpointer`.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ecrl.contract.errors import ConfigError, EcrlError, RunFormatError, SemanticsError
 
-__all__ = ["ConfigError", "EcrlError", "RunFormatError", "SemanticsError", "__version__"]
+if TYPE_CHECKING:
+    from ecrl.runtime.batch_sampler import GlobalBatchSampler
+    from ecrl.runtime.checkpointer import Checkpointer
+    from ecrl.runtime.sample_ids import WithSampleIds
+    from ecrl.runtime.steplog import StepLog
+
+__all__ = ["Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler", "RunFormatError",
+           "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "GlobalBatchSampler": "ecrl.runtime.batch_sampler",
+    "WithSampleIds": "ecrl.runtime.sample_ids",
+    "StepLog": "ecrl.runtime.steplog",
+    "Checkpointer": "ecrl.runtime.checkpointer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the torch-backed names are imported on first use, so `import ecrl` stays light.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ecrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

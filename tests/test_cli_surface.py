@@ -47,7 +47,8 @@ RUN_FLAGS = [
     "--config", "--nproc", "--out", "--world-sizes", "--dataset", "--data-dir", "--dataset-size",
     "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every", "--strategy",
     "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids", "--max-restarts",
-    "--deadline", "--keep-checkpoints", "--lr", "--image-size", "--threads",
+    "--deadline", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s",
+    "--keep-checkpoints", "--lr", "--image-size", "--threads",
     "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
     "--rdzv-conf",
 ]

@@ -12,6 +12,7 @@ attempt's last committed step).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -107,4 +108,6 @@ def compute(inputs: RunInputs, summaries: Sequence[AttemptSummary],
         loss_max_abs_diff=biggest,
         loss_mean_abs_diff=mean,
         loss_steps_compared=compared,
+        replayed_per_failure=tuple(s.replayed_steps for s in summaries if s.attempt != final),
+        endings=dict(Counter(s.status for s in summaries if s.attempt != final)),
     )

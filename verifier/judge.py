@@ -247,7 +247,35 @@ class Judge:
                 tentative_steps=uncommitted if plan.tentative else 0,
                 start_time=a.start_time, end_time=a.end_time))
         self._summary_notes(summaries, lows)
+        self._ending_notes(summaries)
         return summaries, chain_sets
+
+    def _ending_notes(self, summaries: list[AttemptSummary]) -> None:
+        """What the runtime's attempt endings promise about replayed work (docs/strategies.md):
+        a just-in-time checkpoint that was saved replays at most one step; a deadline stop
+        replays none (its final checkpoint is its last step)."""
+        endings = self.inputs.supervisor.extra.get("endings", {})
+        final = self.inputs.supervisor.attempts[-1].attempt
+        for s in summaries:
+            if s.attempt == final:
+                continue
+            ending = endings.get(str(s.attempt)) if isinstance(endings, dict) else None
+            jit = ending.get("jit") if isinstance(ending, dict) else None
+            saved = isinstance(jit, dict) and jit.get("saved") is True
+            step = jit.get("global_step") if isinstance(jit, dict) else None
+            if s.status in ("jit", "hung") and saved and s.replayed_steps > 1:
+                self.notes.append(Note(
+                    kind="ending", file="supervisor.json",
+                    message=f"attempt {s.attempt} ended {s.status} with a just-in-time "
+                            f"checkpoint of step {step}, yet "
+                            f"{s.replayed_steps} of its steps were replayed (at most 1 "
+                            "expected)"))
+            elif s.status == "deadline" and s.replayed_steps > 0:
+                self.notes.append(Note(
+                    kind="ending", file="supervisor.json",
+                    message=f"attempt {s.attempt} stopped at its deadline, yet "
+                            f"{s.replayed_steps} of its steps were replayed (its final "
+                            "checkpoint should be its last step)"))
 
     def _summary_notes(self, summaries: list[AttemptSummary], lows: dict[int, int]) -> None:
         for s, a in zip(summaries, self.inputs.supervisor.attempts, strict=True):

@@ -16,7 +16,7 @@ from typing import Any
 
 from ecrl.contract.atomicio import atomic_write_text
 from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
-from verifier.result import RunResult, VerifyResult
+from verifier.result import Metrics, RunResult, VerifyResult
 
 __all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
            "SELF_TEST_MAX_RECORDS"]
@@ -152,13 +152,23 @@ def _unknown_lines(run: RunResult) -> list[str]:
             for reason in run.unknown]
 
 
+def _per_failure(m: Metrics) -> str:
+    """`` (per failure: 0, 1, 1; endings 2 jit, 1 hung)`` when attempts were resumed."""
+    if not m.replayed_per_failure:
+        return ""
+    endings = ", ".join(f"{n} {status}" for status, n in sorted(m.endings.items()))
+    return (f" (per failure: {', '.join(map(str, m.replayed_per_failure))}; endings "
+            f"{endings})")
+
+
 def _metrics_line(run: RunResult) -> str:
     m = run.metrics
     goodput = f"{m.goodput:.3g} steps/s" if m.goodput else "?"
     tentative = (f"; {m.tentative_steps:,} tentative step{'s' if m.tentative_steps != 1 else ''}"
                  if m.tentative_steps else "")
     return (f"metrics: {m.committed_steps:,} committed steps in {_seconds(m.wall_s)} (goodput "
-            f"{goodput}); {m.replayed_steps:,} replayed steps{tentative}; {m.checkpoints} "
+            f"{goodput}); {m.replayed_steps:,} replayed steps{_per_failure(m)}{tentative}; "
+            f"{m.checkpoints} "
             "checkpoints, "
             f"stall {_seconds(m.stall_s)} (snapshot {_seconds(m.snapshot_s)}, write "
             f"{_seconds(m.write_s)})"
@@ -366,7 +376,12 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
             for name, value in m.as_dict().items():
                 if value is None:
                     continue
-                shown = f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
+                if isinstance(value, (list, dict)):
+                    items = value.items() if isinstance(value, dict) else enumerate(value)
+                    shown = ", ".join(f"{v} {k}" if isinstance(value, dict) else str(v)
+                                      for k, v in items) or "none"
+                else:
+                    shown = f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
                 unit = " s" if name.endswith("_s") else " steps/s" if name == "goodput" else ""
                 out.append(f"| {name} | {shown}{unit} |")
             out.append("")

@@ -82,9 +82,18 @@ class Metrics:
     """Against ``--reference``: largest |loss - reference loss| over common steps."""
     loss_mean_abs_diff: float | None = None
     loss_steps_compared: int | None = None
+    replayed_per_failure: tuple[int, ...] = ()
+    """Replayed steps of each attempt a later one resumed, in attempt order (``jit``: at most
+    one each)."""
+    endings: Mapping[str, int] = field(default_factory=dict)
+    """How the attempts a later one resumed ended: status → count (failed, jit, hung, deadline,
+    stopped)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["replayed_per_failure"] = list(self.replayed_per_failure)
+        out["endings"] = dict(self.endings)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -65,13 +65,68 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config.strategy not in BUILT_STRATEGIES:
         return _not_built(f"run --strategy {config.strategy}",
                           f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
-    if config.deadline is not None:
-        return _not_built("run --deadline", "checkpoints come every --ckpt-every steps, and "
-                          "Ctrl-C or SIGTERM stops the job at the last durable one; run `ecrl "
-                          "run --out DIR` again to continue")
     from ecrl.runtime.supervisor import Supervisor
 
     return Supervisor(config).run()
+
+
+def _add_launch_flags(p: argparse.ArgumentParser) -> None:
+    # The supervisor's settings only: data, model, batch and steps are the script's own.
+    p.add_argument("--out", metavar="DIR", help="run directory (created; continued if it exists)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="processes per node, the same for every attempt")
+    p.add_argument("--world-sizes", metavar="W0,W1,…",
+                   help="world size of attempt 0, 1, …; the last one repeats (default 1)")
+    p.add_argument("--ckpt-every", type=int, metavar="K",
+                   help="checkpoint after every K-th step (default 50; 0: never)")
+    p.add_argument("--strategy", metavar="NAME", help="none, blocking or overlapped (default)")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="overlapped: pending background writes before back-pressure (default 2)")
+    p.add_argument("--fail-at", metavar="STEPS",
+                   help="inject a failure after these global steps, e.g. 400,1200")
+    p.add_argument("--fail-rank", type=int, metavar="R", help="rank that fails (default 0)")
+    p.add_argument("--max-restarts", type=int, metavar="N",
+                   help="relaunches allowed after failures (default: failures injected + 3)")
+    p.add_argument("--keep-checkpoints", type=int, metavar="K",
+                   help="retention: keep the newest K >= 2 checkpoints (default 2)")
+    p.add_argument("--deadline", metavar="TIME",
+                   help="final checkpoint and stop before TIME (90s, 15m, 18:00, @UNIX; default "
+                        "SLURM_JOB_END_TIME); the script reads it as AttemptEnv.deadline")
+    p.add_argument("--deadline-k-step", type=float, metavar="K",
+                   help="deadline buffer: multiple of the longest step (default 10)")
+    p.add_argument("--deadline-k-ckpt", type=float, metavar="K",
+                   help="deadline buffer: multiple of the longest checkpoint (default 2)")
+    p.add_argument("--hang-timeout-s", type=float, metavar="S",
+                   help="a step not done in S seconds is a hang (default: 10 x p99 step time, at "
+                        "least 30 s; 0: off)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="OMP_NUM_THREADS per rank (default: cores / ranks per node)")
+    p.add_argument("--nnodes", type=int, metavar="N",
+                   help="torchrun --nnodes; one ecrl launch per node (docs/library.md)")
+    p.add_argument("--node-rank", type=int, metavar="K", default=0,
+                   help="this node's number; node 0 keeps supervisor.json (default 0)")
+    p.add_argument("--rdzv-backend", metavar="NAME", help="torchrun --rdzv-backend")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
+    p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id (same on every node)")
+    p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
+                   help="the training script and its arguments (omit to continue a run)")
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import time
+
+    from ecrl.runtime.launcher import LAUNCH_KEYS, launch_config, normalize_program, run_launch
+
+    flags = {key: getattr(args, key) for key in LAUNCH_KEYS}
+    flags["out"] = args.out
+    if args.nproc is not None:
+        if args.world_sizes is not None:
+            raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
+                              "(one per attempt), not both")
+        flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+    config = launch_config(flags, default_out=time.strftime("runs/launch-%Y%m%d-%H%M%S"))
+    return run_launch(config, normalize_program(args.program), node_rank=args.node_rank)
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
@@ -189,6 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one training run under the supervisor")
     _add_run_flags(run)
     run.set_defaults(func=_cmd_run)
+
+    launch = sub.add_parser(
+        "launch", help="a user's own training script under the supervisor",
+        description="Run SCRIPT under torchrun with failure injection, world-size schedule, "
+        "relaunch and continue: ecrl launch [options] -- python train.py ARGS "
+        "(see docs/library.md).")
+    _add_launch_flags(launch)
+    launch.set_defaults(func=_cmd_launch)
 
     matrix = sub.add_parser(
         "matrix", help="the experiment matrix (suites × variants), resume-safe",

@@ -54,6 +54,13 @@ class AttemptEnv:
     """The run's world-size schedule (for run.json; each attempt's own comes from torchrun)."""
     deadline: float | None = None
     """Unix time by which a final checkpoint must be committed (None: no deadline)."""
+    deadline_k1: float = 10.0
+    """Deadline buffer rule: multiplier of the longest step time (:mod:`ecrl.runtime.deadline`)."""
+    deadline_k2: float = 2.0
+    """Deadline buffer rule: multiplier of the longest checkpoint time."""
+    hang_timeout: float | None = None
+    """Seconds without a completed step before a rank calls the job hung (None: derived from the
+    step times; 0: no watchdog; :mod:`ecrl.runtime.watchdog`)."""
 
     def __post_init__(self) -> None:
         if (self.resume_step is None) != (self.resume_path is None):

@@ -21,7 +21,7 @@ from typing import Any
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
-from ecrl.contract.runformat import STRATEGIES
+from ecrl.runtime.registry import built_strategies, strategy_names
 
 __all__ = [
     "RunFlag",
@@ -35,7 +35,10 @@ __all__ = [
     "parse_int_list",
 ]
 
-BUILT_STRATEGIES = ("none", "blocking", "overlapped")
+STRATEGIES = strategy_names()
+"""Every strategy ``--strategy`` accepts (from :mod:`ecrl.runtime.registry`)."""
+BUILT_STRATEGIES = built_strategies()
+"""The strategies a run can use today (from :mod:`ecrl.runtime.registry`)."""
 MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 DEFAULT_FAKE_SIZE = 4096
@@ -45,6 +48,7 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
     "log_ids": bool,
     "lr": (int, float),
     "collective_timeout_s": (int, float),
+    **dict.fromkeys(("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"), (int, float)),
 }
 _KIND_NAMES: dict[type | tuple[type, ...], str] = {
     str: "a string", bool: "true or false", (int, float): "a number",
@@ -119,7 +123,15 @@ class RunConfig:
     max_restarts: int | None = None
     """N: relaunches allowed after failures in one ecrl run (default: injected failures + 3)."""
     deadline: str | None = None
-    """TIME: deadline-aware final checkpoint (not available in this version)."""
+    """TIME: commit a final checkpoint and stop before this time: a duration (90s, 15m, 1h30m), a
+    time (18:00, 2026-11-23T18:00:00Z) or @UNIX seconds (default: SLURM_JOB_END_TIME when set)."""
+    deadline_k_step: float = 10.0
+    """K: deadline buffer: multiple of the longest step time kept in reserve."""
+    deadline_k_ckpt: float = 2.0
+    """K: deadline buffer: multiple of the longest checkpoint time kept in reserve."""
+    hang_timeout_s: float | None = None
+    """S: a rank whose step does not complete in S seconds is hung (default: 10 x the p99 step
+    time, at least 30 s; 0: no watchdog)."""
     keep_checkpoints: int = 2
     """K: retention: the newest K >= 2 checkpoints are kept."""
     lr: float = 0.05
@@ -161,9 +173,9 @@ class RunConfig:
                 raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
         if not self.out:
             raise bad("out", "must name a directory")
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in strategy_names():
             raise bad("strategy", f"{self.strategy!r} is unknown: choose one of "
-                                  f"{', '.join(STRATEGIES)}")
+                                  f"{', '.join(strategy_names())}")
         if self.model not in MODELS:
             raise bad("model", f"{self.model!r} is unknown: choose one of {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
@@ -209,6 +221,10 @@ class RunConfig:
             raise bad("lr", f"must be positive, got {self.lr!r}")
         if not self.collective_timeout_s > 0:
             raise bad("collective-timeout-s", "must be positive")
+        for name in ("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise bad(name.replace("_", "-"), f"must be a number >= 0, got {value!r}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
                               "every node)")

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
-from ecrl.runtime import statepack
+from ecrl.runtime import registry, statepack
 from ecrl.runtime.bgwriter import WriterClient
 from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CrashHook, checkpoint_name, commit_checkpoint
@@ -77,6 +77,7 @@ class Strategy:
     """The boundary protocol; subclasses say what rank 0 does in the middle."""
 
     name = "none"
+    """Set from :data:`ecrl.runtime.registry.REGISTRY` when the class is looked up there."""
 
     def __init__(self, ctx: CheckpointContext) -> None:
         self.ctx = ctx
@@ -103,15 +104,11 @@ class Strategy:
 
 
 class NoCheckpoints(Strategy):
-    name = "none"
-
     def due(self, step: int) -> bool:
         return False
 
 
 class BlockingCheckpoints(Strategy):
-    name = "blocking"
-
     def __init__(self, ctx: CheckpointContext) -> None:
         super().__init__(ctx)
         self._buffer: mmap.mmap | None = None
@@ -175,8 +172,6 @@ class BlockingCheckpoints(Strategy):
 
 
 class OverlappedCheckpoints(Strategy):
-    name = "overlapped"
-
     def __init__(self, ctx: CheckpointContext) -> None:
         super().__init__(ctx)
         self._client = WriterClient.start(
@@ -216,6 +211,9 @@ class OverlappedCheckpoints(Strategy):
 
 
 def make_strategy(name: str, ctx: CheckpointContext) -> Strategy:
-    kinds: dict[str, type[Strategy]] = {"none": NoCheckpoints, "blocking": BlockingCheckpoints,
-                                        "overlapped": OverlappedCheckpoints}
-    return kinds[name](ctx)
+    """The strategy :data:`ecrl.runtime.registry.REGISTRY` names ``name``, for this job."""
+    cls = registry.strategy_class(name)
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise CheckpointError(f"strategy {name!r} is registered as {cls!r}, which is not a "
+                              "Strategy subclass: fix its registry entry")
+    return cls(ctx)

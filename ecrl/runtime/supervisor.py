@@ -55,6 +55,8 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._proc import signal_on_parent_death
+from ecrl.runtime.deadline import DEADLINE_EXIT_CODE, resolve_deadline
+from ecrl.runtime.endings import Ending, read_ending
 from ecrl.runtime.failure import (
     FiredFailure,
     RankError,
@@ -112,6 +114,26 @@ def _count(n: int, noun: str) -> str:
 
 def _torchrun_preexec() -> None:
     signal_on_parent_death(signal.SIGTERM)
+
+
+def _describe_ending(ending: Ending) -> str:
+    """One line: who hung or died, and what the just-in-time rescue saved."""
+    parts = []
+    if ending.status == "hung":
+        who = ", ".join(map(str, ending.stopped_ranks)) or "unknown"
+        bound = max((float(v.get("bound_s", 0)) for v in ending.hung.values()), default=0.0)
+        parts.append(f"hung: rank {who} stopped stepping (detected within the {bound:.1f} s "
+                     "bound)")
+    jit = ending.jit
+    if jit is not None:
+        if jit.get("saved"):
+            parts.append(f"jit: rank {jit.get('rank')} saved step {jit.get('global_step')} "
+                         f"({jit.get('source')} state) after {jit.get('reason')}")
+        else:
+            parts.append(f"jit: nothing saved ({jit.get('why_not')}) after {jit.get('reason')}")
+    elif ending.status == "jit":
+        parts.append("jit")
+    return "; ".join(parts)
 
 
 def _now_iso() -> str:
@@ -236,7 +258,8 @@ class _Progress:
             steps = self.window[-1][1] - self.window[0][1]
             rate = f" · {steps / (self.window[-1][0] - self.window[0][0]):.1f} steps/s"
         loss = f"{self.last_loss:.4f}" if isinstance(self.last_loss, float) else "n/a"
-        self.emit(f"  step {self.last_step + 1}/{self.target} · loss {loss}{rate} · restarts "
+        of = f"/{self.target}" if self.target else ""  # ecrl launch: unknown until run.json
+        self.emit(f"  step {self.last_step + 1}{of} · loss {loss}{rate} · restarts "
                   f"{restarts} [attempt {attempt}, W={world}]")
         self.last_print = now
         self.window = self.window[-1:]
@@ -250,13 +273,15 @@ class _Outcome:
     exit_code: int
     last_step: int | None
     status: str
-    """completed, failed or stopped."""
+    """completed, failed, stopped, or (:mod:`ecrl.runtime.endings`) jit, hung, deadline."""
     fired: FiredFailure | None
     """The injected failure that ended it, if one did."""
     fatal: str | None
     """The message of an error no restart can fix, if a rank reported one."""
     error: RankError | None = None
     """A crash: the failing rank's own exception, from ``torchrun.log``."""
+    ending: Ending | None = None
+    """What the ranks' jit, hang and deadline markers say."""
 
 
 @dataclass(slots=True)
@@ -294,6 +319,10 @@ class Supervisor:
     out: Callable[[str], None] = field(default_factory=lambda: _Emitter("stdout"))
     err: Callable[[str], None] = field(default_factory=lambda: _Emitter("stderr"))
     poll_s: float = 0.25
+    name: str = "run"
+    """The command, in messages (``ecrl run``, ``ecrl launch``)."""
+    program: tuple[str, ...] = ("-m", "ecrl.runtime.trainer")
+    """What torchrun runs on every rank (``ecrl launch``: the user's script and its arguments)."""
     marker: dict[str, Any] = field(default_factory=dict)
     """Extra keys for a new run's ``run.json`` (``ecrl demo`` marks the directories it owns)."""
     paths: RunPaths = field(init=False)
@@ -304,6 +333,7 @@ class Supervisor:
     _choice: ResumeChoice | None = field(default=None, init=False)
     _crash: CrashHook = field(default_factory=lambda: CrashHook.from_env(attempt=None),
                               init=False)
+    _deadline: float | None = field(default=None, init=False)
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -315,7 +345,9 @@ class Supervisor:
         if self.paths.manifest.exists():
             existing = read_json_record(self.paths.manifest, RunManifest)
             # Settings not given now are the run's own: `ecrl run --out DIR` alone continues it.
-            stored = {k: v for k, v in existing.extra.get("config", {}).items() if k != "out"}
+            # The deadline belongs to one invocation (a job's time limit), never to the run.
+            stored = {k: v for k, v in existing.extra.get("config", {}).items()
+                      if k not in ("out", "deadline")}
             given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
             self.config = RunConfig.from_dict({**stored, **given, "out": str(root)},
                                               explicit=self.config.explicit)
@@ -427,12 +459,14 @@ class Supervisor:
         else:
             launch = ["--nnodes", str(c.nnodes), "--rdzv-backend", c.rdzv_backend or "c10d",
                       "--rdzv-endpoint", str(c.rdzv_endpoint),
-                      "--rdzv-id", c.rdzv_id or f"ecrl-{self.paths.root.name}-{attempt}"]
+                      # One rendezvous per attempt: an agent of a dead attempt still up on
+                      # another node can never join the next one.
+                      "--rdzv-id", f"{c.rdzv_id or 'ecrl-' + self.paths.root.name}-{attempt}"]
             if c.rdzv_conf:
                 launch += ["--rdzv-conf", c.rdzv_conf]
         return [sys.executable, "-m", "torch.distributed.run", *launch,
                 "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-                "--monitor-interval", "0.5", "-m", "ecrl.runtime.trainer"]
+                "--monitor-interval", "0.5", *self.program]
 
     def _attempt_env(self, attempt: int, pointer: LatestPointer | None,
                      fail_at: list[int]) -> AttemptEnv:
@@ -444,7 +478,10 @@ class Supervisor:
             resume_checksum=None if pointer is None else pointer.checksum,
             fail_at=tuple(fail_at), fail_rank=c.fail_rank, strategy=c.strategy,
             ckpt_every=self.manifest.ckpt_every, keep_checkpoints=c.keep_checkpoints,
-            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes))
+            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes),
+            deadline=self._deadline, deadline_k1=c.deadline_k_step,
+            deadline_k2=c.deadline_k_ckpt,
+            hang_timeout=c.hang_timeout_s)
 
     def _environment(self, world: int, attempt: AttemptEnv) -> dict[str, str]:
         env = dict(os.environ)
@@ -455,13 +492,16 @@ class Supervisor:
         env.update(attempt.to_environ())
         return env
 
+    def _torchrun_log(self, attempt: int) -> Path:
+        return self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+
     def _launch(self, attempt: int, world: int, pointer: LatestPointer | None,
                 fail_at: list[int]) -> int:
         paths = self.paths
         paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
         progress = _Progress(emit=self.out, target=self.manifest.target_steps)
         tail = _Tail(paths.rank_log(attempt, 0))
-        with open(paths.attempt_dir(attempt) / TORCHRUN_LOG, "ab") as log:
+        with open(self._torchrun_log(attempt), "ab") as log:
             # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
             # decides how to stop it); the parent-death signal stops it if we are killed outright.
             env = self._environment(world, self._attempt_env(attempt, pointer, fail_at))
@@ -514,6 +554,13 @@ class Supervisor:
         if self._lock is not None:
             self._lock.close()
 
+    def _header(self) -> str:
+        m = self.manifest
+        return (f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
+                f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
+                f"{m.strategy} every {m.ckpt_every} · world sizes "
+                f"{','.join(map(str, m.world_sizes))}")
+
     def run(self) -> int:
         try:
             return self._run()
@@ -527,13 +574,11 @@ class Supervisor:
             return EXIT_FAILED
 
     def _run(self) -> int:
+        # A duration counts from this command's start, not from each attempt's.
+        self._deadline = resolve_deadline(self.config.deadline)
         if not self._open_run():
             return EXIT_OK
-        m = self.manifest
-        self.out(f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
-                 f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
-                 f"{m.strategy} every {m.ckpt_every} · world sizes "
-                 f"{','.join(map(str, m.world_sizes))}")
+        self.out(self._header())
         relaunches = 0
         with self._signals():
             while True:
@@ -547,6 +592,11 @@ class Supervisor:
                     self._finish("failed")
                     return EXIT_FAILED
                 self._choice = None
+                if self._deadline is not None and time.time() >= self._deadline:
+                    self.out(f"ecrl {self.name}: the deadline has passed; run `ecrl {self.name} "
+                             f"--out {self.paths.root}` again to continue")
+                    self._finish("deadline")
+                    return DEADLINE_EXIT_CODE
                 outcome = self._attempt(choice)
                 code = self._conclude(outcome, relaunches)
                 if code is not None:
@@ -587,25 +637,32 @@ class Supervisor:
         self._save()
         how = "fresh start" if pointer is None else f"resume after step {pointer.global_step}"
         start = 0 if pointer is None else pointer.global_step + 1
-        self.out(f"[attempt {attempt}] world size {world}, {how}, steps {start}..{target - 1}"
+        span = f"steps {start}..{target - 1}" if target else f"from step {start}"
+        self.out(f"[attempt {attempt}] world size {world}, {how}, {span}"
                  + (f", failures at {fail_at}" if fail_at else ""))
         code = self._launch(attempt, world, pointer, fail_at)
         first, last = attempt_steps(self.paths, attempt, world)
         outcome = _Outcome(attempt=attempt, exit_code=code, last_step=last,
                            fired=read_fired(self.paths, attempt),
                            fatal=read_fatal(self.paths, attempt), status="failed")
+        ending = read_ending(self.paths, attempt, world)
         if code == 0 and last == target - 1:
             outcome = replace(outcome, status="completed")
         elif self._stop is not None:
             outcome = replace(outcome, status="stopped")
+        elif ending is not None and outcome.fatal is None:
+            outcome = replace(outcome, status=ending.status, ending=ending)
         extra = dict(self.state.extra)
+        if outcome.ending is not None:
+            extra["endings"] = {**extra.get("endings", {}),
+                               str(attempt): outcome.ending.to_dict()}
         if outcome.status == "failed" and outcome.fired is None and outcome.fatal is None:
             outcome = replace(outcome, error=self._rank_error(attempt))
             if outcome.error is not None:
                 extra["crashes"] = {**extra.get("crashes", {}), str(attempt): {
                     "rank": outcome.error.rank, "exception": outcome.error.exception,
                     "last_step": last, "resumed_from_step": record.resumed_from_step}}
-        if outcome.fired is not None and outcome.status == "failed":
+        if outcome.fired is not None and outcome.status in ("failed", "jit", "hung"):
             fired = {"attempt": attempt, "global_step": outcome.fired.global_step,
                      "rank": outcome.fired.rank}
             extra["injected_failures"] = [*extra.get("injected_failures", []), fired]
@@ -624,7 +681,7 @@ class Supervisor:
             self._print_summary()
             return EXIT_OK
         if outcome.status == "stopped":
-            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl run --out "
+            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl {self.name} --out "
                      f"{self.paths.root}` again to continue")
             self._finish("stopped")
             return EXIT_STOPPED
@@ -632,10 +689,18 @@ class Supervisor:
             self.err(f"ecrl run: error: {outcome.fatal}")
             self._finish("failed")
             return EXIT_FAILED
+        if outcome.status == "deadline":
+            self.out(f"[attempt {attempt}] stopped after step {last} before the deadline, its "
+                     f"checkpoint committed; run `ecrl {self.name} --out {self.paths.root}` "
+                     "again to continue")
+            self._finish("deadline")
+            return DEADLINE_EXIT_CODE
         latest = read_latest(self.paths)
         after = ("no checkpoint yet" if latest is None
                  else f"latest checkpoint: step {latest.global_step}")
-        if outcome.fired is not None:
+        if outcome.ending is not None:
+            self.out(f"[attempt {attempt}] {_describe_ending(outcome.ending)}; {after}")
+        elif outcome.fired is not None:
             self.out(f"[attempt {attempt}] injected failure after step "
                      f"{outcome.fired.global_step} (rank {outcome.fired.rank}, exit 137); {after}")
         else:
@@ -659,7 +724,7 @@ class Supervisor:
     def _print_summary(self) -> None:
         from ecrl.runtime.summary import render_summary, summarize
 
-        self.out(f"ecrl run: done; run directory {self.paths.root}")
+        self.out(f"ecrl {self.name}: done; run directory {self.paths.root}")
         for line in render_summary(summarize(str(self.paths.root))):
             self.out(f"  {line}")
 
@@ -691,12 +756,13 @@ class Supervisor:
         self.err(f"  ({error.where + '; ' if error.where else ''}full traceback in {path})")
 
     def _show_log_tail(self, attempt: int, lines: int = 15) -> None:
-        path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+        path = self._torchrun_log(attempt)
         with contextlib.suppress(OSError):
             text = path.read_text(errors="replace").splitlines()
             # The ranks' own one-line reports say more than torchrun's summary of them; failing
             # that, the first traceback (a rank's; torchrun's own comes after it).
-            shown = [line for line in text if line.startswith("ecrl trainer (rank")][-lines:]
+            shown = [line for line in text
+                     if line.startswith(("ecrl trainer (rank", "ecrl (rank"))][-lines:]
             if not shown and "Traceback (most recent call last):" in text:
                 start = text.index("Traceback (most recent call last):")
                 end = next((i for i in range(start + 1, len(text))

@@ -24,6 +24,7 @@ def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["candidate_value"] > 0 and row["alternative_value"] > 0
         assert row["ratio"] == pytest.approx(row["candidate_value"] / row["alternative_value"])
-    assert len(report["targets"]) == 2
+    assert len(report["targets"]) == 3
+    assert any(row["candidate"].startswith("jit") for row in report["rows"])
     text = doc.read_text()
     assert "old" not in text and "tiny-cnn" in text and text.count("bench:checkpoint:start") == 1

@@ -32,7 +32,7 @@ ANOMALY_KEYS = {"kind", "obligation", "message", "file", "line", "attempt", "ste
 METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "tentative_steps", "wall_s",
                "goodput", "stall_s", "write_s", "snapshot_s", "enqueue_s", "backpressure_s",
                "checkpoints", "records", "restart_s", "lost_s", "loss_max_abs_diff",
-               "loss_mean_abs_diff", "loss_steps_compared"}
+               "loss_mean_abs_diff", "loss_steps_compared", "replayed_per_failure", "endings"}
 ATTEMPT_KEYS = {"attempt", "world_size", "resumed_from_step", "status", "exit_code",
                 "first_step", "last_step", "committed", "records", "replayed_steps",
                 "tentative_steps",

@@ -14,9 +14,13 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sampler": ("ecrl.apps.bench.sampler",
                 "stateless keyed permutation vs torch.randperm + slicing"),
     "checkpoint": ("ecrl.apps.bench.checkpoint",
-                   "blocking vs overlapped stall; throughput vs none"),
+                   "blocking vs overlapped stall; overlapped and jit throughput vs none"),
+    "recovery": ("ecrl.apps.bench.recovery",
+                 "time lost to one failure: jit vs overlapped and blocking every K"),
     "verify": ("ecrl.apps.bench.verify", "ecrl-verify vs the raw JSON parse of the same logs"),
     "schedule": ("ecrl.apps.bench.schedule", "exact fast schedulers vs the naive CheckHint DP"),
     "transform": ("ecrl.apps.bench.transform", "transformed training program vs the original"),
+    "library": ("ecrl.apps.bench.library",
+                "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
 }
 """name -> (module, one-line description)."""

@@ -1,15 +1,17 @@
-"""``ecrl bench checkpoint``: blocking vs overlapped stall, overlapped vs no checkpoints.
+"""``ecrl bench checkpoint``: blocking vs overlapped stall; overlapped and jit vs no checkpoints.
 
 For each model (tiny CNN, ResNet-18, ResNet-50) the benchmark runs the real thing — ``ecrl run``
-under its supervisor, torchrun, the trainer, real fsyncs — three times with the same seed, data
-and steps: ``--strategy none``, ``blocking`` and ``overlapped``, checkpointing every 50 steps.
+under its supervisor, torchrun, the trainer, real fsyncs — with the same seed, data and
+steps: ``--strategy none``, ``blocking`` and ``overlapped``, checkpointing every 50 steps, and
+``jit`` without periodic checkpoints (its steady-state cost: the copy of the state before each
+update and the per-step RNG reseed).
 It then reads the run directories:
 
 - stall: the median ``stall_s`` of the checkpoint events (``checkpoint_rank0.jsonl``) of the
   blocking and the overlapped run: how long training stopped per checkpoint;
 - throughput: steady-state steps/s from the step records' completion times (``rank-000.jsonl``),
   over a window that skips the warm-up and holds the same whole number of checkpoint intervals
-  in every run, for the overlapped run and the run without checkpoints.
+  in every run, for the overlapped run, the jit run and the run without checkpoints.
 
 Fair configuration on a small machine: one rank and one torch thread (``--threads 1``) for every
 run, so that on a 2-core machine the background writer has a core of its own, as it would on a
@@ -37,6 +39,8 @@ __all__ = ["run"]
 
 STALL_TARGET = 0.30
 THROUGHPUT_TARGET = 0.97
+JIT_TARGET = 0.99
+"""jit's steady-state throughput against no checkpoints (issue 13: at most 1% overhead)."""
 WARMUP_STEPS = 10
 
 
@@ -116,8 +120,8 @@ def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progre
     out = root / f"{case.model}-{strategy}-{repeat}"
     config = RunConfig(out=str(out), world_sizes=(1,), dataset="fake", dataset_size=50_000,
                        model=case.model, global_batch=case.global_batch, steps=case.steps,
-                       ckpt_every=case.every, strategy=strategy, threads=1, seed=0,
-                       max_inflight=2)
+                       ckpt_every=0 if strategy == "jit" else case.every, strategy=strategy,
+                       threads=1, seed=0, max_inflight=2)
     progress(f"{case.model}: {case.steps} steps, strategy {strategy} (run {repeat + 1})")
     code = Supervisor(config, out=lambda _line: None, err=progress).run()
     if code != EXIT_OK:
@@ -151,8 +155,10 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     try:
         for case in _cases(quick):
             # Interleaved, so that a burst of load from elsewhere hits every strategy alike.
-            order = ["none", "overlapped", "blocking"] + ["none", "overlapped"] * (case.repeats - 1)
-            runs: dict[str, list[RunPaths]] = {"none": [], "blocking": [], "overlapped": []}
+            order = ["none", "overlapped", "blocking", "jit"] + \
+                ["none", "overlapped", "jit"] * (case.repeats - 1)
+            runs: dict[str, list[RunPaths]] = {"none": [], "blocking": [], "overlapped": [],
+                                               "jit": []}
             load = _Load()
             for strategy in order:
                 repeat = len(runs[strategy])
@@ -181,6 +187,14 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 candidate_value=o_rate, alternative_value=none_rate,
                 note=f"blocking every {case.every}: {b_rate:.3g} steps/s "
                      f"({b_rate / none_rate:.1%}); {_load_note(load)}"))
+            j_rate = max(_steps_per_s(p, case.window) for p in runs["jit"])
+            rows.append(BenchRow(
+                candidate="jit (no periodic checkpoints)", alternative="no checkpoints",
+                metric=f"{case.model}: steady-state steps/s, B={case.global_batch} "
+                       "(higher is better)",
+                candidate_value=j_rate, alternative_value=none_rate,
+                note="the copy of the state before each update and the per-step RNG reseed; "
+                     f"{_load_note(load)}"))
             ratio = o_stall / b_stall
             targets.append(Target(
                 description=f"{case.model}: overlapped stall <= {STALL_TARGET:.0%} of blocking",
@@ -191,6 +205,11 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"{case.model}: overlapped every {case.every} >= "
                             f"{THROUGHPUT_TARGET:.0%} of the no-checkpoint throughput",
                 measured=f"{share:.1%}", met=share >= THROUGHPUT_TARGET))
+            j_share = j_rate / none_rate
+            targets.append(Target(
+                description=f"{case.model}: jit >= {JIT_TARGET:.0%} of the no-checkpoint "
+                            "throughput",
+                measured=f"{j_share:.1%}", met=j_share >= JIT_TARGET))
             for group in runs.values():
                 for paths in group:
                     shutil.rmtree(paths.root, ignore_errors=True)
@@ -203,7 +222,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
             f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
             "number of checkpoints in every run)",
-            "runs of none and overlapped interleaved (" + ", ".join(
+            "runs of none, overlapped and jit interleaved (" + ", ".join(
                 f"{c.model} {c.repeats}×, {c.intervals} checkpoints measured" for c in
                 _cases(quick)) + "); throughput is the best of the runs, stall the median "
             "over all checkpoints",

@@ -1,0 +1,166 @@
+"""``ecrl.GlobalBatchSampler``: ECRL's data order as a ``torch.utils.data`` batch sampler.
+
+Each iteration step yields this rank's shard of the step's global window
+(:func:`ecrl.contract.semantics.shard`) as a list of sample IDs, so it drops into
+``DataLoader(dataset, batch_sampler=sampler)``. Rank and world size come from
+``torch.distributed`` when it is initialised (read when iteration starts), else 0 and 1.
+
+Its state (``state_dict``/``load_state_dict``, torch's Stateful protocol) is the position of the
+next step, with the geometry and seed it belongs to, so it rides in ``torch.save``, DCP and
+``StatefulDataLoader`` states. The window of a step does not depend on the world size: a state
+loaded into a job of another world size re-shards the same windows.
+
+Why the position is not simply "how many batches were yielded": a ``DataLoader`` with workers
+asks for batches ahead of the training loop (``prefetch_factor × num_workers``), so at a
+checkpoint the sampler has run ahead of the steps that really completed. The training loop tells
+the sampler which step completed (:meth:`step_done`; :class:`ecrl.StepLog` and
+:class:`ecrl.Checkpointer` do it for you), and from then on the state is the step after the last
+completed one. Without that call (e.g. ``num_workers=0`` and no step log) the state is the
+position after the last batch yielded, which is the same thing when nothing is prefetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import Sampler
+
+from ecrl.contract import semantics
+from ecrl.contract.errors import SemanticsError
+from ecrl.runtime._attempt import dist_rank_world, install_error_hook
+from ecrl.runtime.sampler import check_state
+
+__all__ = ["GlobalBatchSampler", "dist_rank_world"]
+
+
+_ISSUED_LIMIT = 4096
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """This rank's shard of every step's window, from a resumable position.
+
+    ``dataset_size`` (D) and ``global_batch`` (B, summed over ranks) fix the geometry: an epoch is
+    ``D // B`` steps and the ``D % B`` IDs left over are not used in that epoch. ``steps``: stop
+    after this global step count (None: iterate for ever; drive the loop by step count).
+    ``rank``/``world_size``: override what ``torch.distributed`` says.
+    """
+
+    def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0,
+                 steps: int | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        install_error_hook()
+        self.geometry = semantics.Geometry(dataset_size=dataset_size, global_batch=global_batch)
+        self.seed = semantics.SamplerState.at_step(self.geometry, seed, 0).seed
+        self.steps = steps
+        self._rank, self._world = rank, world_size
+        if world_size is not None or rank is None:
+            self.geometry.local_batch(self.world_size)  # B % W, with the standard message
+        self._next = 0
+        self._tracked = False
+        self._pending: str | None = None
+        self._on_start: Callable[[], None] | None = None
+        self._issued: dict[int, tuple[int, int]] = {}
+        """(count, hash) of the shards handed out and not yet logged (see :meth:`expected`)."""
+
+    # --- geometry --------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else dist_rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world if self._world is not None else dist_rank_world()[1]
+
+    @property
+    def local_batch(self) -> int:
+        """L = B / W (checks that W divides B)."""
+        return self.geometry.local_batch(self.world_size)
+
+    @property
+    def next_step(self) -> int:
+        """The global step the next batch belongs to."""
+        return self._next
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` says about this sampler."""
+        return {"kind": "ecrl", "name": "ecrl.GlobalBatchSampler"}
+
+    # --- iteration -------------------------------------------------------------------------------
+
+    def expect_state(self, reason: str | None) -> None:
+        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending, for
+        ``reason``); None lifts the refusal (there was nothing to resume from)."""
+        self._pending = reason
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self._pending is not None:
+            raise SemanticsError(
+                f"GlobalBatchSampler iterated before its saved state was loaded ({self._pending}):"
+                " call Checkpointer.restore() (or sampler.load_state_dict) before iterating the "
+                "data loader, or the run would restart its data order"
+            )
+        rank, world = self.rank, self.world_size
+        self.geometry.local_batch(world)
+        if self._on_start is not None:
+            start, self._on_start = self._on_start, None
+            start()
+        state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
+        for step, ids in state.iter_shards(rank, world):
+            if self.steps is not None and step >= self.steps:
+                return
+            if not self._tracked:
+                self._next = step + 1
+            if len(self._issued) >= _ISSUED_LIMIT:
+                self._issued.pop(next(iter(self._issued)))
+            self._issued[step] = (int(ids.size), semantics.ids_hash(ids))
+            yield ids.tolist()
+
+    def __len__(self) -> int:
+        """Batches left until ``steps`` (needs ``steps``)."""
+        if self.steps is None:
+            raise TypeError("GlobalBatchSampler(steps=None) is endless: give steps= to get a "
+                            "length, or drive the loop by step count")
+        return max(0, self.steps - self._next)
+
+    def call_on_start(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once, when iteration produces its first batch.
+
+        :class:`ecrl.Checkpointer` restores the RNG states this way: a ``DataLoader`` draws its
+        workers' base seed from the global generator when its iterator is created, after
+        ``restore()``; restoring at the first batch instead puts the generator exactly where it
+        was after the checkpointed step, as in a run that was never interrupted.
+        """
+        self._on_start = action
+
+    def step_done(self, step: int) -> None:
+        """The training loop completed global step ``step``: the state now points at step + 1."""
+        self._tracked = True
+        self._next = int(step) + 1
+
+    def expected(self, step: int) -> tuple[int, int]:
+        """(count, multiset hash) of this rank's shard of ``step``: remembered from iteration
+        when this sampler handed it out, else computed."""
+        found = self._issued.pop(step, None)
+        if found is not None:
+            return found
+        ids = self.shard_of(step)
+        return int(ids.size), semantics.ids_hash(ids)
+
+    def shard_of(self, step: int) -> Any:
+        """This rank's IDs of global step ``step`` (int64 array): what the batch should hold."""
+        return semantics.shard(self.geometry, self.seed, step, self.rank, self.world_size)
+
+    # --- Stateful --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The next step's position: ``{epoch, cursor_step, seed, geometry, permutation}``."""
+        return semantics.SamplerState.at_step(self.geometry, self.seed, self._next).to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue from a saved position; its data set size, global batch and seed must be
+        this sampler's."""
+        state = check_state(state_dict, self.geometry, self.seed)
+        self._next = state.global_step
+        self._pending = None

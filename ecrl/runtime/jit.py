@@ -1,0 +1,363 @@
+"""The ``jit`` strategy: a healthy rank saves the state when a peer dies or hangs.
+
+In data parallelism every rank holds the whole model and optimizer state, so when one rank dies
+the others still have it (seed ``004_…``). The survivors learn of the death from their next
+collective: with gloo the all-reduce raises within milliseconds ("connection closed by peer"),
+with a hung peer the watchdog (:mod:`ecrl.runtime.watchdog`) fires, and torchrun, once it saw a
+rank exit, sends the others SIGTERM. Each of these reaches :meth:`JitCheckpoints.rescue`, which
+saves **without any collective** (the peers may be gone) and commits with the same atomic protocol
+as every other checkpoint (file, fsync, checkpoint event, ``latest.json``). The first survivor to
+create ``logs/attempt-NNN/jit.claim`` (``O_EXCL``) writes; the others only exit.
+
+Which step the rescued state belongs to (the seed's rule for a failure during the optimizer
+step). A survivor stuck in step c+1's all-reduce holds the state after step c: the update of
+c+1 cannot have begun, because it needs the all-reduced gradients. But the dead rank may have
+died *after* step c's all-reduce and before its record of step c reached its log (in its
+optimizer step, say): step c then happened (its data reached the update) but is missing from the
+dead rank's log, and a checkpoint of step c would commit a step the logs cannot prove. So:
+
+- every rank keeps a copy of the state as it was before its latest update (taken by an optimizer
+  step pre-hook; tensors are copied into buffers allocated once, on the state's device);
+- the survivor saves the live state of step c when every rank of the attempt logged step c
+  ("the next step" of the seed), else the copy, which is the state after step c - 1 ("the
+  previous consistent copy"), which every rank logged before it could enter step c's all-reduce;
+- a survivor interrupted inside its own update (never by a peer's failure: only a signal can do
+  that, and :class:`JitCheckpoints` defers those to the step boundary) would use the copy too.
+
+At most one step is replayed: step c, when the dead rank did not log it.
+
+RNG streams: the survivor cannot gather the dead ranks' RNG states, so under ``jit`` every rank
+reseeds its RNG streams at each step boundary from ``(seed, rank, next step)``
+(:func:`ecrl.runtime.checkpointer.rank_seed`), and a JIT checkpoint carries no RNG states: the
+resumed ranks derive the same streams from the step, so a rescued run stays bit-identical to its
+uninterrupted twin.
+
+``--ckpt-every K`` adds low-frequency blocking checkpoints, the fallback when no rank survives
+(all killed at once, a node lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
+
+import torch
+
+from ecrl.contract.atomicio import atomic_write_text
+from ecrl.contract.ckptfile import FOOTER_SIZE
+from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths, loads
+from ecrl.runtime import statepack
+from ecrl.runtime.endings import JIT_MARKER
+from ecrl.runtime.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
+from ecrl.runtime.strategies import BlockingCheckpoints, CheckpointContext
+
+__all__ = ["JIT_EXIT_CODE", "JIT_MARKER", "CLAIM", "KILL_ENV", "PeerLost", "JitCheckpoints",
+           "RescueResult", "logged_through", "read_jit"]
+
+JIT_EXIT_CODE = 76
+"""A survivor's exit after its rescue (saved or not): the supervisor reads ``jit.json``."""
+CLAIM = "jit.claim"
+KILL_ENV = "ECRL_JIT_KILL"
+"""Test hook ``STEP:PHASE[:RANK[:ATTEMPT]]``: SIGKILL rank RANK (default 1) at ``PHASE`` of
+``STEP`` in attempt ATTEMPT (default 0); several, comma-separated:
+``forward`` (in the model's forward), ``pre-optimizer`` (all-reduce done, update not begun),
+``post-optimizer`` (update done, record not yet logged)."""
+KILL_PHASES = ("forward", "pre-optimizer", "post-optimizer")
+
+
+class PeerLost(RuntimeError):
+    """The attempt is over for this rank: a peer died or torchrun asked it to stop."""
+
+
+class RescueResult:
+    """What one rescue did (also the content of ``jit.json``)."""
+
+    __slots__ = ("rank", "global_step", "source", "reason", "saved", "why_not")
+
+    def __init__(self, *, rank: int, global_step: int | None, source: str | None, reason: str,
+                 saved: bool, why_not: str | None = None) -> None:
+        self.rank, self.global_step, self.source = rank, global_step, source
+        self.reason, self.saved, self.why_not = reason, saved, why_not
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "global_step": self.global_step, "source": self.source,
+                "reason": self.reason, "saved": self.saved, "why_not": self.why_not,
+                "time": time.time()}
+
+
+def read_jit(paths: RunPaths, attempt: int) -> dict[str, Any] | None:
+    """The rescue record of ``attempt`` (None when no survivor wrote one)."""
+    try:
+        data = json.loads((paths.attempt_dir(attempt) / JIT_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def logged_through(path: os.PathLike[str] | str, *, chunk: int = 1 << 16) -> int | None:
+    """The highest ``global_step`` among the complete lines at the end of a step log."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            span = min(size, chunk)
+            while True:
+                handle.seek(size - span)
+                data = handle.read(span)
+                end = data.rfind(b"\n")
+                lines = data[: end + 1].splitlines() if end >= 0 else []
+                # The first line may be cut by the chunk's start, unless the chunk is the file.
+                usable = lines if span == size else lines[1:]
+                best: int | None = None
+                for line in usable:
+                    with contextlib.suppress(ValueError, TypeError, KeyError):
+                        step = int(loads(line)["global_step"])
+                        best = step if best is None else max(best, step)
+                if best is not None or span == size:
+                    return best
+                span = min(size, span * 4)
+    except FileNotFoundError:
+        return None
+
+
+def _copy_into(src: Any, dst: Any) -> Any:
+    """``src`` with every tensor copied (into ``dst``'s matching tensor when it fits)."""
+    if isinstance(src, torch.Tensor):
+        if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype \
+                and dst.device == src.device:
+            dst.copy_(src.detach())
+            return dst
+        return src.detach().clone()
+    if isinstance(src, dict):
+        old = dst if isinstance(dst, dict) else {}
+        return {k: _copy_into(v, old.get(k)) for k, v in src.items()}
+    if isinstance(src, list):
+        old_list = dst if isinstance(dst, list) and len(dst) == len(src) else [None] * len(src)
+        return [_copy_into(v, o) for v, o in zip(src, old_list, strict=True)]
+    if isinstance(src, tuple):
+        return tuple(_copy_into(v, None) for v in src)
+    return src  # numbers, strings, None: immutable
+
+
+class _KillHook:
+    """The ``ECRL_JIT_KILL`` test hook (a real SIGKILL, at a chosen phase of a chosen step)."""
+
+    def __init__(self, spec: str | None, rank: int, attempt: int) -> None:
+        self.step: int | None = None
+        self.phase = ""
+        for one in (spec or "").split(","):
+            if not one.strip():
+                continue
+            parts = one.strip().split(":")
+            if not 2 <= len(parts) <= 4 or not parts[0].isdigit() \
+                    or parts[1] not in KILL_PHASES or not all(p.isdigit() for p in parts[2:]):
+                raise ValueError(f"{KILL_ENV}={spec!r}: expected STEP:PHASE[:RANK[:ATTEMPT]] "
+                                 f"with PHASE in {KILL_PHASES}")
+            want_rank = int(parts[2]) if len(parts) >= 3 else 1
+            want_attempt = int(parts[3]) if len(parts) == 4 else 0
+            if rank == want_rank and attempt == want_attempt:
+                self.step, self.phase = int(parts[0]), parts[1]
+
+    def fire(self, step: int | None, phase: str) -> None:
+        if self.step is not None and step == self.step and phase == self.phase:
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class JitCheckpoints(BlockingCheckpoints):
+    """Periodic blocking checkpoints every ``--ckpt-every`` steps (0: none), plus the rescue."""
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        super().__init__(ctx)
+        self._shadow: Any = None
+        self._shadow_step: int | None = None
+        """The step whose state the copy holds (the copy is taken before step + 1's update)."""
+        self._completed: int | None = None
+        """The last step whose boundary this rank passed."""
+        self._first: int | None = None
+        """The first step of this attempt (the state before it is the resumed checkpoint)."""
+        self._in_update = False
+        self._defer = False
+        """From the update's start to the boundary's end: a SIGTERM waits for the boundary."""
+        self._term_pending = False
+        self._rescuing = threading.Lock()
+        self._result: RescueResult | None = None
+        self._reseed: Callable[[int], None] | None = None
+        self._kill = _KillHook(os.environ.get(KILL_ENV), ctx.rank, ctx.attempt)
+        self._handles: list[Any] = []
+        self._previous_term: Any = None
+
+    # --- wiring (the checkpointer calls these) ---------------------------------------------------
+
+    def attach(self, *, start: int, optimizers: Iterable[torch.optim.Optimizer],
+               modules: Iterable[torch.nn.Module], reseed: Callable[[int], None]) -> None:
+        """Hook the optimizers (the copy before each update) and torchrun's SIGTERM."""
+        self._first = start
+        self._reseed = reseed
+        for optimizer in optimizers:
+            self._handles.append(optimizer.register_step_pre_hook(self._before_update))
+            if self._kill.step is not None:
+                self._handles.append(optimizer.register_step_post_hook(
+                    lambda *_: self._kill.fire(self._next_step(), "post-optimizer")))
+        if self._kill.step is not None:
+            for module in modules:
+                self._handles.append(module.register_forward_pre_hook(
+                    lambda *_: self._kill.fire(self._next_step(), "forward")))
+        if threading.current_thread() is threading.main_thread():
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
+
+    def _next_step(self) -> int:
+        return self._first if self._completed is None else self._completed + 1  # type: ignore
+
+    def _before_update(self, *_: Any) -> None:
+        if self._in_update:
+            return  # a second optimizer of the same step: the copy is already taken
+        self._kill.fire(self._next_step(), "pre-optimizer")
+        step = self._next_step() - 1
+        self._shadow = _copy_into(self.ctx.capture([]), self._shadow)
+        self._shadow_step = step
+        self._in_update = self._defer = True
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        if self._rescuing.locked():
+            return
+        if self._defer:
+            self._term_pending = True  # never cut an update or a commit in half: raise later
+            return
+        raise PeerLost("torchrun's termination signal (a peer exited)")
+
+    def step_completed(self, step: int) -> None:
+        """The boundary of ``step`` (its update and record are done)."""
+        self._completed = step
+        self._in_update = False
+        self._defer = True
+        if self._reseed is not None:
+            self._reseed(step + 1)
+
+    def boundary_done(self) -> None:
+        self._defer = False
+        if self._term_pending:
+            self._term_pending = False
+            raise PeerLost("torchrun's termination signal (a peer exited)")
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._previous_term is not None and \
+                threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
+        super().close()
+
+    # --- the rescue ------------------------------------------------------------------------------
+
+    def _all_logged(self, step: int) -> bool:
+        ctx = self.ctx
+        if self._first is not None and step < self._first:
+            return True  # the checkpoint this attempt resumed from: committed already
+        for rank in range(ctx.world_size):
+            done = logged_through(ctx.paths.rank_log(ctx.attempt, rank))
+            if done is None or done < step:
+                return False
+        return True
+
+    def _choose(self) -> tuple[Any, int | None, str | None, str | None]:
+        """(state tree, step, source, why not) of the state to save."""
+        live = None if self._in_update else self._completed
+        if live is not None and self._all_logged(live):
+            return self.ctx.capture([]), live, "live", None
+        shadow = self._shadow_step
+        if shadow is not None and self._shadow is not None and self._all_logged(shadow):
+            return self._shadow, shadow, "previous", None
+        if live is None and shadow is None:
+            return None, None, None, "no step completed in this attempt"
+        return None, None, None, "no state whose step every rank logged"
+
+    def rescue(self, reason: str) -> RescueResult:
+        """Save the newest state every rank's log accounts for, without any collective."""
+        if not self._rescuing.acquire(blocking=False):
+            # Another thread (the watchdog, or the main thread) is rescuing: let it finish.
+            while self._result is None:
+                time.sleep(0.05)
+            return self._result
+        ctx = self.ctx
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        result = RescueResult(rank=ctx.rank, global_step=None, source=None, reason=reason,
+                              saved=False)
+        try:
+            claim = ctx.paths.attempt_dir(ctx.attempt) / CLAIM
+            try:
+                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                result.why_not = "another rank saves"
+                return result
+            tree, step, source, why_not = self._choose()
+            result.global_step, result.source, result.why_not = step, source, why_not
+            latest = read_latest(ctx.paths)
+            if tree is not None and step is not None and (
+                    (latest is not None and latest.global_step >= step)
+                    or (latest is None and self._first is not None and step < self._first)):
+                result.why_not = f"step {step} is already committed"
+            elif tree is not None and step is not None:
+                self._commit(tree, step, source or "live", reason)
+                result.saved = True
+            atomic_write_text(ctx.paths.attempt_dir(ctx.attempt) / JIT_MARKER,
+                              json.dumps(result.to_dict()) + "\n")
+            return result
+        finally:
+            self._result = result
+
+    def _commit(self, tree: Any, step: int, source: str, reason: str) -> None:
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        state = statepack.encode(tree, meta={**ctx.meta(step), "jit": {
+            "source": source, "reason": reason, "rank": ctx.rank}})
+        size = state.layout.size
+        buffer = mmap.mmap(-1, size + FOOTER_SIZE)
+        try:
+            statepack.snapshot_into(state, memoryview(buffer))
+            snapshot_s = time.perf_counter() - t0
+            epoch, cursor = ctx.geometry.locate(step)
+            events = self._events or JsonlWriter(ctx.paths.checkpoint_log(ctx.attempt))
+
+            def record(done: CommitResult) -> None:
+                # Before latest.json names the file: every pointer has its event (persist.py).
+                events.write(CheckpointEvent(
+                    global_step=step, strategy=self.name, snapshot_s=snapshot_s,
+                    write_s=done.write_s, enqueue_s=0.0, backpressure_s=0.0,
+                    stall_s=time.perf_counter() - t0, bytes=done.bytes, path=done.path,
+                    extra={"attempt": ctx.attempt, "jit": {"source": source, "reason": reason,
+                                                           "rank": ctx.rank}}))
+
+            commit_checkpoint(ctx.paths, memoryview(buffer), size, global_step=step,
+                              epoch=epoch, cursor_step=cursor, world_size=ctx.world_size,
+                              keep=ctx.keep, crash=CrashHook.from_env(attempt=ctx.attempt),
+                              before_publish=record)
+            if events is not self._events:
+                events.close()
+        finally:
+            buffer.close()
+
+
+def exit_after_rescue(strategy: JitCheckpoints, reason: str, *, code: int = JIT_EXIT_CODE,
+                      ) -> None:
+    """Rescue, say what happened in one line, and end the process (no collective may run)."""
+    result = strategy.rescue(reason)
+    rank = strategy.ctx.rank
+    if result.saved:
+        line = f"saved step {result.global_step} ({result.source} state) after: {reason}"
+    else:
+        line = f"saved nothing ({result.why_not}) after: {reason}"
+    with contextlib.suppress(OSError, ValueError):
+        print(f"ecrl jit (rank {rank}): {line}", file=sys.stderr, flush=True)
+    os._exit(code)

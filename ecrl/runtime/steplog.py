@@ -1,0 +1,267 @@
+"""``ecrl.StepLog``: the run directory's step records, written from any training loop.
+
+One call per step, after the step's update (``log.step(step, sample_ids=ids, loss=loss)``),
+appends this rank's record to ``logs/attempt-NNN/rank-NNN.jsonl`` (the contract's field names,
+:class:`ecrl.contract.runformat.StepRecord`) and flushes it. The first call (or
+:meth:`ecrl.Checkpointer.restore`) settles ``run.json``: rank 0 writes it when it is absent; when
+it exists (a later attempt, or ``ecrl run``'s supervisor wrote it) every rank checks that it
+describes this run and stops with one line if not.
+
+Two kinds of sampler:
+
+- ``sampler=ecrl.GlobalBatchSampler(...)``: ECRL's order; ``run.json`` says ``{"kind": "ecrl"}``
+  and the verifier checks every step's window. Each logged step's IDs are compared with the shard
+  the sampler scheduled for that step (a mismatch is a loop bug: the batch and the step number
+  disagree), and the sampler learns that the step completed (its checkpointed position).
+- ``sampler={"kind": "external", "name": "torch.utils.data.DistributedSampler", ...}``: an order
+  ECRL does not know (the user's ``DistributedSampler``, ``StatefulDataLoader``, Mosaic
+  Streaming…); give ``dataset_size``, ``global_batch`` and, per step, ``epoch`` and
+  ``cursor_step`` from the loop. The verifier audits such runs without windows.
+
+The IDs logged must be the ones that reached the step: take them from the batch
+(:class:`ecrl.WithSampleIds`), never recompute them from the step number.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from ecrl import __version__
+from ecrl.contract import semantics
+from ecrl.contract.errors import ConfigError, SemanticsError
+from ecrl.contract.runformat import (
+    SAMPLER_KINDS,
+    JsonlWriter,
+    RunManifest,
+    StepRecord,
+    read_json_record,
+    write_json_record,
+)
+from ecrl.runtime._attempt import Attempt, resolve_attempt
+from ecrl.runtime.batch_sampler import GlobalBatchSampler
+
+__all__ = ["StepLog"]
+
+
+def _as_ids(sample_ids: Any) -> np.ndarray:
+    if hasattr(sample_ids, "detach"):  # a tensor, possibly on a GPU
+        sample_ids = sample_ids.detach().cpu().numpy()
+    ids = np.asarray(sample_ids)
+    if ids.dtype.kind not in "iu":
+        raise SemanticsError(f"sample_ids must be integers, got dtype {ids.dtype}: pass the IDs "
+                             "the batch carried (ecrl.WithSampleIds)")
+    return ids.reshape(-1).astype(np.int64, copy=False)
+
+
+def _as_loss(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    value = float(loss.item() if hasattr(loss, "item") else loss)
+    return value if math.isfinite(value) else None
+
+
+class StepLog:
+    """Per-rank step records and ``run.json`` for one run directory.
+
+    ``run_dir``: the run directory (None under ``ecrl launch``, which sets it). ``steps``: the
+    committed steps the run must reach (``run.json`` ``target_steps``). ``log_ids``: log every
+    sample ID (else count and hash only). ``model``/``dataset``: names recorded in ``run.json``.
+    ``steps_per_epoch``: with an external sampler, the loop's steps per epoch S when it is not
+    ``dataset_size // global_batch`` (the records' epoch and cursor step must be
+    ``divmod(step, S)``). ``deterministic=False`` declares kernels that are not bit-reproducible
+    (the verifier then compares replayed losses with a tolerance).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
+                 sampler: GlobalBatchSampler | Mapping[str, Any], steps: int,
+                 dataset_size: int | None = None, global_batch: int | None = None,
+                 seed: int | None = None, log_ids: bool = True, model: str = "user-model",
+                 dataset: str = "user-dataset", check_ids: bool = True,
+                 steps_per_epoch: int | None = None, deterministic: bool | None = None) -> None:
+        if isinstance(sampler, GlobalBatchSampler):
+            given = {"dataset_size": dataset_size, "global_batch": global_batch, "seed": seed}
+            mine = {"dataset_size": sampler.geometry.dataset_size,
+                    "global_batch": sampler.geometry.global_batch, "seed": sampler.seed}
+            for key, value in given.items():
+                if value is not None and value != mine[key]:
+                    raise ConfigError(f"StepLog({key}={value}) disagrees with the sampler's "
+                                      f"{key}={mine[key]}: leave it out, the sampler's is used")
+            self.sampler: GlobalBatchSampler | None = sampler
+            self.geometry = sampler.geometry
+            self.seed = sampler.seed
+            self.description: dict[str, Any] = sampler.describe()
+        elif isinstance(sampler, Mapping):
+            if sampler.get("kind") != "external" or not isinstance(sampler.get("name"), str):
+                raise ConfigError(
+                    f"StepLog(sampler={dict(sampler)!r}): pass an ecrl.GlobalBatchSampler, or "
+                    '{"kind": "external", "name": "<the sampler you use>"} for another one')
+            if dataset_size is None or global_batch is None:
+                raise ConfigError("StepLog with an external sampler needs dataset_size= and "
+                                  "global_batch= (the verifier audits against them)")
+            self.sampler = None
+            self.geometry = semantics.Geometry(dataset_size=dataset_size,
+                                               global_batch=global_batch)
+            self.seed = 0 if seed is None else int(seed)
+            self.description = dict(sampler)
+            if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not
+                                                isinstance(steps_per_epoch, int)
+                                                or steps_per_epoch < 1):
+                raise ConfigError(f"StepLog(steps_per_epoch={steps_per_epoch!r}) must be a "
+                                  "positive integer")
+        else:
+            raise ConfigError(f"StepLog(sampler=…) must be an ecrl.GlobalBatchSampler or a dict, "
+                              f"got {type(sampler).__name__}")
+        assert self.description["kind"] in SAMPLER_KINDS
+        if self.sampler is not None and steps_per_epoch not in (
+                None, self.geometry.steps_per_epoch):
+            raise ConfigError(f"StepLog(steps_per_epoch={steps_per_epoch}): ECRL's sampler has "
+                              f"{self.geometry.steps_per_epoch} steps per epoch; leave it out")
+        self.steps_per_epoch = steps_per_epoch or self.geometry.steps_per_epoch
+        self.deterministic = deterministic
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"StepLog(steps={steps!r}): give the number of steps the run must "
+                              "reach, a positive integer")
+        self.steps = steps
+        self.log_ids = bool(log_ids)
+        self.model = model
+        self.dataset = dataset
+        self.check_ids = check_ids
+        self.run: Attempt = resolve_attempt(run_dir)
+        self.paths = self.run.paths
+        self.attempt = self.run.attempt
+        self.rank = self.run.rank
+        self.world_size = self.run.world_size
+        # ECRL's order needs W | B; an external sampler may hand ranks uneven shares (its
+        # records then carry what each rank really got, and the verifier judges it).
+        self.local_batch = (self.geometry.local_batch(self.world_size) if self.sampler is not None
+                            else None)
+        self.manifest: RunManifest | None = None
+        self._checkpointing: dict[str, Any] = {"strategy": "none", "ckpt_every": 0,
+                                               "fail_at": []}
+        self._writer: JsonlWriter | None = None
+        self._last: int | None = None
+
+    def declare_checkpointing(self, *, strategy: str, every: int, fail_at: Sequence[int]
+                              ) -> None:
+        """What ``run.json`` says about checkpoints and failures when no supervisor set them
+        (:class:`ecrl.Checkpointer` calls this)."""
+        self._checkpointing = {"strategy": strategy, "ckpt_every": every,
+                               "fail_at": sorted(set(fail_at))}
+
+    # --- run.json --------------------------------------------------------------------------------
+
+    def _planned(self) -> RunManifest:
+        env = self.run.env
+        if env is not None:
+            settings: dict[str, Any] = {
+                "strategy": env.strategy, "ckpt_every": env.ckpt_every,
+                "fail_at": sorted(set(env.fail_at) | set(self._checkpointing["fail_at"])),
+                "world_sizes": list(env.world_sizes) or [self.world_size]}
+        else:
+            settings = {**self._checkpointing, "world_sizes": [self.world_size]}
+        return RunManifest(
+            seed=self.seed, dataset={"name": self.dataset, "size": self.geometry.dataset_size},
+            global_batch=self.geometry.global_batch,
+            steps_per_epoch=self.steps_per_epoch, target_steps=self.steps,
+            permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
+                         "version": semantics.PERMUTATION_VERSION},
+            log_ids=self.log_ids, model=self.model,
+            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            sampler=self.description, extra={"ecrl_version": __version__, **(
+                {} if self.deterministic is None else {"deterministic": self.deterministic})},
+            **settings)
+
+    def ensure_manifest(self) -> RunManifest:
+        """``run.json``: written by rank 0 when absent, else checked against this run."""
+        if self.manifest is not None:
+            return self.manifest
+        planned = self._planned()
+        path = self.paths.manifest
+        if path.exists():
+            existing = read_json_record(path, RunManifest)
+            theirs = existing.sampler or {"kind": "ecrl"}
+            checks = (("dataset size", existing.dataset_size, self.geometry.dataset_size),
+                      ("global batch", existing.global_batch, self.geometry.global_batch),
+                      ("seed", existing.seed, self.seed),
+                      ("steps per epoch", existing.steps_per_epoch, self.steps_per_epoch),
+                      ("target steps", existing.target_steps, self.steps),
+                      ("sampler", theirs.get("kind"), self.description["kind"]))
+            for what, old, new in checks:
+                if old != new:
+                    raise ConfigError(
+                        f"{path} describes a run with {what} {old}, this script has {new}: "
+                        "continue the run with its own settings, or use a new run directory")
+            self.manifest = existing
+        else:
+            if self.rank == 0:
+                self.paths.root.mkdir(parents=True, exist_ok=True)
+                write_json_record(path, planned)
+            self.manifest = planned
+        return self.manifest
+
+    # --- step records ----------------------------------------------------------------------------
+
+    def step(self, step: int, *, sample_ids: Any, loss: Any = None, epoch: int | None = None,
+             cursor_step: int | None = None, **extra: Any) -> None:
+        """Record global step ``step`` of this rank: the IDs its batch carried and its loss.
+
+        Call it once per step, after the update. ``epoch``/``cursor_step``: required with an
+        external sampler (from your loop), computed for ECRL's. Extra keyword arguments are
+        recorded as additional fields.
+        """
+        step = int(step)
+        if self._last is not None and step <= self._last:
+            how = "twice" if step == self._last else f"after step {self._last}"
+            raise SemanticsError(
+                f"step {step} logged {how} (rank {self.rank}, attempt {self.attempt}): call "
+                "log.step once per step, with increasing global steps")
+        ids = _as_ids(sample_ids)
+        digest = semantics.ids_hash(ids)
+        if self.sampler is not None:
+            e, c = self.geometry.locate(step)
+            if (epoch is not None and epoch != e) or (cursor_step is not None and cursor_step != c):
+                raise SemanticsError(
+                    f"step {step} is epoch {e}, cursor step {c} in ECRL's order, not "
+                    f"({epoch}, {cursor_step}): leave epoch/cursor_step out with "
+                    "GlobalBatchSampler")
+            epoch, cursor_step = e, c
+            if self.check_ids and self.sampler.expected(step) != (int(ids.size), digest):
+                raise SemanticsError(
+                    f"the batch logged as step {step} (rank {self.rank}) does not hold the IDs "
+                    "the sampler scheduled for that step: the loop's step counter and the data "
+                    "loader are out of step (start the loop at Checkpointer.restore()'s step, "
+                    "one batch per step)")
+        elif epoch is None or cursor_step is None:
+            raise ConfigError("with an external sampler, log.step needs epoch= and cursor_step= "
+                              "from your loop")
+        if self._writer is None:
+            self.ensure_manifest()
+            self._writer = JsonlWriter(self.paths.rank_log(self.attempt, self.rank))
+        self._writer.write(StepRecord(
+            attempt=self.attempt, global_step=step, epoch=int(epoch),
+            cursor_step=int(cursor_step), rank=self.rank, world_size=self.world_size,
+            local_batch=self.local_batch or max(1, int(ids.size)), sample_ids_count=int(ids.size),
+            sample_ids_hash=semantics.format_hash(digest),
+            loss=_as_loss(loss), time=time.time(),
+            sample_ids=ids.tolist() if self.log_ids else None, extra=extra))
+        self._last = step
+        if self.sampler is not None:
+            self.sampler.step_done(step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

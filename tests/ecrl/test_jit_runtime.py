@@ -1,0 +1,104 @@
+"""ecrl.runtime.jit, watchdog and endings, in one process (the real-process tests are in
+tests/integration/test_jit*.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecrl.contract.runformat import RunPaths
+from ecrl.runtime import registry
+from ecrl.runtime.endings import read_ending
+from ecrl.runtime.jit import JitCheckpoints, _copy_into, _KillHook, logged_through
+from ecrl.runtime.watchdog import Watchdog, WatchdogConfig
+
+
+def _lines(path: Path, steps: list[int], *, pad: int = 0, torn: bool = False) -> None:
+    body = "".join(json.dumps({"global_step": s, "pad": "x" * pad}) + "\n" for s in steps)
+    path.write_text(body + ('{"global_step": 99, "pa' if torn else ""))
+
+
+def test_logged_through_reads_the_last_complete_line(tmp_path: Path) -> None:
+    log = tmp_path / "rank-001.jsonl"
+    assert logged_through(log) is None
+    _lines(log, [0, 1, 2], torn=True)
+    assert logged_through(log) == 2  # the torn 99 does not count
+    _lines(log, list(range(50)), pad=40_000)  # lines longer than the first chunk read
+    assert logged_through(log) == 49
+    log.write_text('{"global_step": 3, "x')
+    assert logged_through(log) is None
+
+
+def test_copy_into_reuses_buffers_and_is_independent() -> None:
+    src = {"w": torch.arange(4.0), "groups": [{"lr": 0.1, "params": [0]}], "m": None}
+    first = _copy_into(src, None)
+    buffer = first["w"]
+    src["w"] += 1
+    assert torch.equal(first["w"], torch.arange(4.0))  # a copy, not a view
+    second = _copy_into(src, first)
+    assert second["w"] is buffer and torch.equal(buffer, torch.arange(4.0) + 1)
+    assert second["groups"] == [{"lr": 0.1, "params": [0]}] and second["m"] is None
+
+
+def test_kill_hook_parses_and_targets_one_rank_and_attempt() -> None:
+    hook = _KillHook("5:forward:1:0,9:post-optimizer:1:2", rank=1, attempt=2)
+    assert (hook.step, hook.phase) == (9, "post-optimizer")
+    assert _KillHook("5:forward", rank=0, attempt=0).step is None  # default rank 1
+    with pytest.raises(ValueError, match="ECRL_JIT_KILL"):
+        _KillHook("5:backward", rank=1, attempt=0)
+
+
+def test_jit_is_registered_and_built() -> None:
+    assert "jit" in registry.built_strategies()
+    assert registry.strategy_class("jit") is JitCheckpoints
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_watchdog_bound_and_firing() -> None:
+    fired: list[tuple[float, float, int | None]] = []
+    clock = _Clock()
+    dog = Watchdog(WatchdogConfig(multiple=10, floor_s=2.0),
+                   lambda w, b, s: fired.append((w, b, s)), clock=clock)
+    assert not dog.check()  # not armed before the first beat
+    for step in range(100):
+        dog.beat(step)
+        clock.now += 0.1
+    assert dog.bound() == pytest.approx(2.0)  # 10 x 0.1 s is under the floor
+    dog.boundary(5.0)
+    assert dog.bound() == pytest.approx(7.0)
+    clock.now += 6.0
+    assert not dog.check()
+    clock.now += 1.5
+    assert dog.check() and fired[0][2] == 99 and fired[0][0] > fired[0][1]
+    assert not dog.check()  # once
+    fixed = Watchdog(WatchdogConfig(bound_s=3.0), lambda *a: None, clock=clock)
+    assert fixed.bound() == 3.0 and not WatchdogConfig(bound_s=0).enabled
+    with pytest.raises(ValueError):
+        WatchdogConfig(bound_s=-1)
+
+
+def test_endings_name_the_stopped_rank(tmp_path: Path) -> None:
+    paths = RunPaths.of(tmp_path)
+    directory = paths.attempt_dir(3)
+    directory.mkdir(parents=True)
+    assert read_ending(paths, 3, 4) is None
+    (directory / "jit.json").write_text(json.dumps({"rank": 0, "saved": True,
+                                                    "global_step": 7}))
+    assert read_ending(paths, 3, 4).status == "jit"  # type: ignore[union-attr]
+    for rank in (0, 2, 3):
+        (directory / f"hung-rank-{rank:03d}.json").write_text(json.dumps({"bound_s": 3.0}))
+    ending = read_ending(paths, 3, 4)
+    assert ending is not None and ending.status == "hung" and ending.stopped_ranks == (1,)
+    assert ending.jit is not None and ending.to_dict()["stopped_ranks"] == [1]
+    (directory / "deadline.json").write_text(json.dumps({"global_step": 7}))
+    assert read_ending(paths, 3, 4).status == "deadline"  # type: ignore[union-attr]

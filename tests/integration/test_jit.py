@@ -1,0 +1,239 @@
+"""``--strategy jit`` with real torchrun ranks, real SIGKILL and SIGSTOP (issue 13).
+
+Every interrupted run must resume with at most one replayed step per failure, end with parameters
+and per-step losses bit-identical to its uninterrupted twin, and verify PASS. The moments drawn
+at random (an external SIGKILL of rank 1 at a random time inside a random step) are 2 by default;
+``-m slow`` runs the 10 the issue asks for (``ECRL_JIT_DRAWS`` overrides either).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Run, RunCache, _made
+from lineage_check import load_run
+
+from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
+from ecrl.runtime.jit import logged_through
+
+JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "48", "--seed", "7",
+       "--world-sizes", "2", "--strategy", "jit"]
+
+
+def _verify(root: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "verifier.cli", str(root), "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _state(root: Path) -> SupervisorState:
+    return read_json_record(RunPaths.of(root).supervisor, SupervisorState)
+
+
+def _replayed_per_failure(root: Path) -> list[int]:
+    """For each attempt that a later one resumed: steps it logged after that resume point."""
+    paths, state = RunPaths.of(root), _state(root)
+    out = []
+    for a, nxt in zip(state.attempts, state.attempts[1:], strict=False):
+        last = max((s for r in range(a.world_size)
+                    if (s := logged_through(paths.rank_log(a.attempt, r))) is not None),
+                   default=-1)
+        resumed = -1 if nxt.resumed_from_step is None else nxt.resumed_from_step
+        out.append(max(0, last - resumed))
+    return out
+
+
+def _same_as(run: Path, reference: Path) -> None:
+    ours, ref = load_run(run), load_run(reference)
+    assert ours.final_digest() == ref.final_digest()
+    assert ours.losses() == ref.losses()
+
+
+@pytest.fixture(scope="session")
+def jit_reference(runs: RunCache) -> Run:
+    return _made(runs.get("jit-reference", [*JIT, "--ckpt-every", "0"]))
+
+
+@pytest.fixture(scope="session")
+def jit_phases(runs: RunCache) -> Run:
+    """Rank 1 SIGKILLs itself in step 5's forward (attempt 0), just before step 11's optimizer
+    step (attempt 1) and just after step 17's (attempt 2, before its record is logged)."""
+    kills = "5:forward:1:0,11:pre-optimizer:1:1,17:post-optimizer:1:2"
+    return _made(runs.get("jit-phases", [*JIT, "--ckpt-every", "0"],
+                          env={"ECRL_JIT_KILL": kills}))
+
+
+def test_jit_phases_replay_at_most_one_step_and_match_the_uninterrupted_run(
+        jit_phases: Run, jit_reference: Run) -> None:
+    state = _state(jit_phases.root)
+    assert [a.status for a in state.attempts] == ["jit", "jit", "jit", "completed"]
+    resumed = [a.resumed_from_step for a in state.attempts]
+    # Forward of 5: rank 0 fails in step 5's all-reduce and saves its live state of step 4.
+    # Before or after 11's and 17's updates the all-reduce is done: rank 0 completes the step
+    # and fails in the next one, but rank 1 never logged it, so the copy taken before that
+    # update (10, 16) is saved and the step is replayed once.
+    assert resumed == [None, 4, 10, 16]
+    jits = [state.extra["endings"][str(a)]["jit"] for a in range(3)]
+    assert [(j["saved"], j["source"], j["rank"]) for j in jits] == [
+        (True, "live", 0), (True, "previous", 0), (True, "previous", 0)]
+    assert _replayed_per_failure(jit_phases.root) == [0, 1, 1]
+    _same_as(jit_phases.root, jit_reference.root)
+    report = _verify(jit_phases.root)
+    assert report["verdict"] == "PASS"
+    metrics = report["runs"][0]["metrics"]
+    assert metrics["replayed_per_failure"] == [0, 1, 1] and metrics["endings"] == {"jit": 3}
+
+
+def test_verifier_warns_when_an_ending_replays_more_than_it_promises(
+        jit_phases: Run, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(jit_phases.root, copy)
+    data = json.loads((copy / "supervisor.json").read_text())
+    data["attempts"][1]["status"] = "deadline"  # a deadline stop replays nothing
+    (copy / "supervisor.json").write_text(json.dumps(data))
+    report = _verify(copy)
+    messages = [w["message"] for w in report["runs"][0]["warnings"] if w["kind"] == "ending"]
+    assert messages == ["attempt 1 stopped at its deadline, yet 1 of its steps were replayed "
+                        "(its final checkpoint should be its last step)"]
+
+
+def _rank_pids(root: Path, attempt: int) -> dict[int, int]:
+    """Rank → pid of this run's trainer processes of ``attempt`` (from /proc)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(item.split("=", 1) for item in
+                       (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in item)
+        except OSError:
+            continue
+        if env.get("ECRL_RUN_DIR") == str(root) and env.get("ECRL_ATTEMPT") == str(attempt) \
+                and "RANK" in env and "TORCHELASTIC_RUN_ID" in env \
+                and "LOCAL_RANK" in env:
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"torch.distributed.run" not in cmdline:
+                found[int(env["RANK"])] = int(entry.name)
+    return found
+
+
+def _drive(root: Path, args: list[str], actions: list[Callable[[Path, int], bool]],
+           timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run ``ecrl run`` in the background; ``actions[i]`` acts on attempt i once it returns
+    True (polled while the attempt runs)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    pending = list(enumerate(actions))
+    while pending and proc.poll() is None and time.monotonic() < deadline:
+        attempt, action = pending[0]
+        if action(root, attempt):
+            pending.pop(0)
+        else:
+            time.sleep(0.002)
+    out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert not pending, f"the run ended before every action fired\n{out}\n{err}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.SIGKILL
+             ) -> Callable[[Path, int], bool]:
+    def action(root: Path, attempt: int) -> bool:
+        done = logged_through(RunPaths.of(root).rank_log(attempt, 1))
+        if done is None or done < step:
+            return False
+        pids = _rank_pids(root, attempt)
+        if not all(r in pids for r in ranks):
+            return False
+        time.sleep(delay)
+        for r in ranks:
+            os.kill(pids[r], sig)
+        return True
+    return action
+
+
+def _draws() -> int:
+    given = os.environ.get("ECRL_JIT_DRAWS")
+    return int(given) if given else 2
+
+
+def _random_kills(tmp_path: Path, jit_reference: Run, draws: int, seed: int) -> None:
+    rng = random.Random(seed)
+    actions, start = [], 0
+    for _ in range(draws):
+        # A step at least one past the attempt's start (its log shows it), then a random moment
+        # inside the next step: forward, all-reduce, update, logging, boundary.
+        start += rng.randint(1, 2)
+        actions.append(_kill_at(start, rng.uniform(0.0, 0.03), (1,)))
+        start += 1  # the next attempt resumes at most one step earlier than the kill
+    root = tmp_path / "run"
+    proc = _drive(root, [*JIT, "--ckpt-every", "0", "--max-restarts", str(draws + 2)], actions)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = _state(root)
+    assert state.attempts[-1].status == "completed"
+    assert len(state.attempts) == draws + 1
+    assert all(a.status == "jit" for a in state.attempts[:-1])
+    replayed = _replayed_per_failure(root)
+    assert all(n <= 1 for n in replayed), replayed
+    _same_as(root, jit_reference.root)
+    assert _verify(root)["verdict"] == "PASS"
+
+
+def test_jit_sigkill_of_rank_1_at_random_moments(tmp_path: Path, jit_reference: Run) -> None:
+    _random_kills(tmp_path, jit_reference, _draws(), seed=1234)
+
+
+@pytest.mark.slow
+def test_jit_sigkill_of_rank_1_at_ten_random_moments(tmp_path: Path,
+                                                     jit_reference: Run) -> None:
+    _random_kills(tmp_path, jit_reference, int(os.environ.get("ECRL_JIT_DRAWS", "10")),
+                  seed=99)
+
+
+def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
+        tmp_path: Path, jit_reference: Run) -> None:
+    root = tmp_path / "run"
+    proc = _drive(root, [*JIT, "--ckpt-every", "4"], [_kill_at(9, 0.005, (0, 1))])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = _state(root)
+    assert [a.status for a in state.attempts] == ["failed", "completed"]
+    assert not (RunPaths.of(root).attempt_dir(0) / "jit.json").exists()
+    resumed = state.attempts[1].resumed_from_step
+    assert resumed is not None and (resumed + 1) % 4 == 0  # a periodic checkpoint
+    _same_as(root, jit_reference.root)
+    assert _verify(root)["verdict"] == "PASS"
+
+
+def test_a_stopped_rank_is_detected_as_hung_and_the_run_completes(
+        tmp_path: Path, jit_reference: Run) -> None:
+    root = tmp_path / "run"
+    bound = 3.0
+    proc = _drive(root, [*JIT, "--ckpt-every", "0", "--hang-timeout-s", str(bound)],
+                  [_kill_at(6, 0.0, (1,), sig=signal.SIGSTOP)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = _state(root)
+    assert [a.status for a in state.attempts] == ["hung", "completed"]
+    ending = state.extra["endings"]["0"]
+    assert ending["stopped_ranks"] == [1]
+    seen = ending["hung"]["0"]
+    # Detected within the bound (plus the watchdog's polling step, bound / 20).
+    assert seen["bound_s"] == bound and seen["waited_s"] <= bound * 1.05 + 0.1
+    assert ending["jit"]["saved"] is True
+    assert "rank 1 stopped stepping" in proc.stdout
+    _same_as(root, jit_reference.root)
+    assert _verify(root)["verdict"] == "PASS"
