@@ -48,6 +48,7 @@ from typing import Any
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
+from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CommitResult, CrashHook, commit_checkpoint
 
 __all__ = ["WriterCrashed", "Slot", "WriterClient", "main"]
@@ -310,10 +311,11 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
                 cursor_step=msg["cursor_step"], world_size=msg["world_size"], keep=keep,
                 crash=crash, before_publish=record)
         except OSError as exc:
+            why = disk_error(exc, paths.checkpoints) or \
+                f"{exc.strerror or exc} ({exc.filename or paths.checkpoints})"
             conn.send_bytes(json.dumps({
                 "op": "error", "job": job,
-                "message": f"writing the checkpoint of step {msg['global_step']} failed: "
-                           f"{exc.strerror or exc} ({exc.filename or paths.checkpoints})",
+                "message": f"writing the checkpoint of step {msg['global_step']} failed: {why}",
             }).encode())
             raise _TrainerGone from None
         conn.send_bytes(json.dumps({

@@ -10,6 +10,12 @@ A problem that no restart can fix (a corrupt checkpoint, data that changed under
 opposite case: the rank writes ``fatal.json`` with a one-line message and exits with code 3, and
 the supervisor stops instead of relaunching (:func:`write_fatal`, :func:`read_fatal`).
 
+An unexpected exception in a rank is judged by :func:`fatal_reason`: a full disk, an allocation
+larger than the machine's memory or a data file that cannot be decoded is fatal on its first
+occurrence (a restart would hit it again); anything else is a crash and is retried, unless the
+same exception ends two consecutive attempts at the same step (the supervisor compares the
+:class:`RankError` it reads from each attempt's ``torchrun.log`` with :func:`rank_errors`).
+
 Each step of ``--fail-at`` fails once over the whole run. A resumed attempt re-runs the steps
 after its checkpoint, so the supervisor reads the markers of earlier attempts and passes only the
 failures that have not fired yet to the next attempt (:func:`remaining`).
@@ -17,8 +23,10 @@ failures that have not fired yet to the next attempt (:func:`remaining`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -29,7 +37,8 @@ from ecrl.contract.atomicio import atomic_write_text
 from ecrl.contract.runformat import RunPaths
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
-           "read_fired", "remaining", "write_fatal", "read_fatal"]
+           "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "fatal_reason",
+           "RankError", "rank_errors"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
@@ -96,3 +105,147 @@ def read_fatal(paths: RunPaths, attempt: int) -> str | None:
         return str(json.loads((paths.attempt_dir(attempt) / FATAL_MARKER).read_text())["message"])
     except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
         return None
+
+
+_DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system"}
+
+
+def disk_error(exc: BaseException, where: object = None) -> str | None:
+    """``no space left on device: PATH`` (or quota, read-only) for such an OSError, else None.
+
+    A failed ``write`` or ``fsync`` names no file; ``where`` (the file or directory the caller was
+    writing) stands in for it.
+    """
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
+        path = exc.filename if exc.filename is not None else where
+        return f"{_DISK_ERRORS[exc.errno]}: {path if path is not None else '(path unknown)'}"
+    return None
+
+
+_CPU_ALLOC = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
+_GPU_ALLOC = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]i?B).*?total capacity of ([\d.]+) "
+                        r"([KMGT]i?B)", re.S)
+_UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+         "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_BAD_DATA = ("UnidentifiedImageError", "DecompressionBombError", "UnpicklingError")
+
+
+def _machine_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _exception_line(exc: BaseException) -> str:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+    text = " ".join(str(exc).split())
+    return f"{name}: {text}" if text else name
+
+
+def fatal_reason(exc: BaseException, where: object = None) -> str | None:
+    """The one-line message of an exception no restart can fix; None for anything else.
+
+    Fatal: a full disk, quota or read-only directory (the user must free space first); an
+    allocation larger than the machine's memory or the GPU's capacity (it can never succeed);
+    a data file that cannot be decoded (it will be just as broken after a restart).
+    """
+    disk = disk_error(exc, where)
+    if disk is not None:
+        return f"{disk} (free some space, then run the same command again to continue)"
+    line = _exception_line(exc)
+    if isinstance(exc, MemoryError):
+        return f"{line} (the process cannot get the memory it needs: use a smaller model, batch " \
+               "or image size)"
+    text = str(exc)
+    cpu = _CPU_ALLOC.search(text)
+    total = _machine_memory()
+    if cpu is not None and total is not None and int(cpu.group(1)) > total:
+        return (f"an allocation of {int(cpu.group(1)):,} bytes can never succeed on this machine "
+                f"({total:,} bytes of memory): use a smaller model, batch or image size")
+    gpu = _GPU_ALLOC.search(text)
+    if gpu is not None and type(exc).__name__ == "OutOfMemoryError":
+        want = float(gpu.group(1)) * _UNIT.get(gpu.group(2), 1)
+        have = float(gpu.group(3)) * _UNIT.get(gpu.group(4), 1)
+        if want > have:
+            return (f"an allocation of {gpu.group(1)} {gpu.group(2)} can never succeed on a GPU "
+                    f"of {gpu.group(3)} {gpu.group(4)}: use a smaller model, batch or image size")
+    if type(exc).__name__ in _BAD_DATA or (
+            isinstance(exc, OSError) and "image file" in text):  # PIL: truncated, broken data
+        return f"a data file cannot be read: {line} (fix or remove the file, then run the same " \
+               "command again)"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankError:
+    """The exception a rank died of, as its traceback in ``torchrun.log`` ends."""
+
+    rank: int | None
+    """None when the line carried no ``[rankN]:`` prefix (before the process group existed)."""
+    exception: str
+    """The traceback's last line: ``module.Type: message``."""
+    where: str | None
+    """The innermost ``File "…", line N`` of the traceback, if any."""
+    reported: bool = False
+    """The rank's own ``ecrl trainer (rank N): …`` line, not a traceback."""
+
+
+_PREFIX = re.compile(r"^\[rank(\d+)\]:(?: |$)")
+_ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")
+
+
+def rank_errors(text: str) -> list[RankError]:
+    """Every rank's own last exception in a ``torchrun.log``, the root cause's rank first.
+
+    Rank processes write their uncaught tracebacks with a ``[rankN]: `` prefix on every line
+    (once the process group exists); torchrun's own ``ChildFailedError`` traceback, which names
+    no cause, is left out. ``ecrl trainer (rank N): error: …`` lines count as the rank's report.
+    """
+    streams: dict[int | None, list[str]] = {}
+    root: int | None = None
+    for raw in text.splitlines():
+        match = _PREFIX.match(raw)
+        rank = int(match.group(1)) if match else None
+        line = raw[match.end():] if match else raw
+        streams.setdefault(rank, []).append(line)
+        cause = _ROOT_CAUSE.match(raw)
+        if cause is not None and root is None:
+            root = int(cause.group(1))
+    own: dict[int | None, RankError] = {}
+    traced: dict[int | None, RankError] = {}
+    for rank, lines in streams.items():
+        error = _last_error(lines, rank)
+        if error is not None:
+            (own if error.reported else traced)[error.rank] = error
+    # A rank's own one-line report says more than its traceback (which it then did not print).
+    found = list({**traced, **own}.values())
+    found.sort(key=lambda e: (e.rank != root, e.rank is None, e.rank or 0))
+    return found
+
+
+_OWN_REPORT = re.compile(r"^ecrl trainer \(rank (\d+)\): (?:error: )?(.*)$")
+
+
+def _last_error(lines: list[str], rank: int | None) -> RankError | None:
+    for line in reversed(lines):
+        own = _OWN_REPORT.match(line)
+        if own is not None:
+            return RankError(rank=int(own.group(1)), exception=own.group(2), where=None,
+                             reported=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
+    for start in reversed(starts):
+        where = None
+        for line in lines[start + 1:]:
+            if line.startswith("  File ") and (where is None or not any(
+                    lib in line for lib in ("site-packages", "<frozen", "/lib/python"))):
+                where = line.strip()  # the innermost frame of our (or the user's) own code
+            elif line and not line[0].isspace():
+                if any(name in line.split(":", 1)[0] for name in _LAUNCHER_ERRORS):
+                    break  # torchrun's own traceback: it says nothing of the cause
+                return RankError(rank=rank, exception=line.strip(), where=where)
+    return None

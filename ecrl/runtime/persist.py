@@ -9,19 +9,30 @@ The protocol, in this order (ARCHITECTURE.md, "Checkpoints"):
    ``checkpoint_rank0.jsonl`` (so every checkpoint ``latest.json`` ever names has an event, which
    is how the verifier knows a resumed attempt loaded a real checkpoint);
 4. replace ``checkpoints/latest.json`` the same way, naming the file and its checksum;
-5. delete checkpoints older than the newest ``keep`` (never the one ``latest.json`` names).
+5. delete checkpoints older than the newest ``keep`` (never the one ``latest.json`` names; at
+   least two are kept, so that an earlier valid checkpoint exists should the newest be damaged).
 
 A crash before step 4 completes leaves ``latest.json`` naming the previous checkpoint, which is
 still whole: step 4 of the previous commit never deleted it. ``ECRL_CRASH_AT`` lets tests kill the
-process between any two protocol steps (:class:`CrashHook`).
+process between any two protocol steps, or fail a write with ``ENOSPC`` (:class:`CrashHook`).
+
+Choosing where to resume (:func:`choose_resume`) is one mechanism for every damaged state: the
+checkpoint ``latest.json`` names is used when it verifies; when ``latest.json`` is missing or
+unreadable, or the checkpoint it names is corrupt, truncated or missing, the newest earlier
+checkpoint file that verifies *and* that the run's logs record as committed (a checkpoint event,
+or the supervisor's own attested resume point) is used instead, and the caller says so in one
+line. A run whose logs record committed checkpoints is never restarted from step 0: with no valid
+checkpoint left, :func:`choose_resume` raises.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,13 +44,25 @@ from ecrl.contract.ckptfile import (
     read_verified,
     seal,
 )
-from ecrl.contract.runformat import LatestPointer, RunPaths, read_json_record, write_json_record
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import (
+    CheckpointEvent,
+    JsonlReader,
+    LatestPointer,
+    RunPaths,
+    read_json_record,
+    write_json_record,
+)
 
 __all__ = [
     "CRASH_ENV",
     "CRASH_EXIT_CODE",
     "CrashHook",
     "CommitResult",
+    "MIN_KEEP",
+    "ResumeChoice",
+    "choose_resume",
+    "recorded_checkpoints",
     "checkpoint_name",
     "checkpoint_step",
     "commit_checkpoint",
@@ -51,9 +74,14 @@ __all__ = [
 
 CRASH_ENV = "ECRL_CRASH_AT"
 """``TARGET:POINT[:N[:ATTEMPT]]``: crash at ``POINT`` of the N-th (default 1st) write of
-``TARGET`` (``checkpoint`` or ``latest``) in one process, optionally only in attempt ATTEMPT."""
+``TARGET`` (``checkpoint``, ``latest`` or ``supervisor``) in one process, optionally only in
+attempt ATTEMPT. ``POINT`` ``enospc`` fails that write with ``OSError(ENOSPC)`` after part of it
+reached the temporary file, as a full disk does, instead of killing the process."""
 CRASH_EXIT_CODE = 137
-CRASH_TARGETS = ("checkpoint", "latest")
+CRASH_TARGETS = ("checkpoint", "latest", "supervisor")
+DISK_FULL_POINT = "enospc"
+MIN_KEEP = 2
+"""Retention never keeps fewer checkpoints: the fallback needs an earlier one."""
 _NAME = re.compile(r"^step-(\d{8,})\.ckpt$")
 
 
@@ -80,10 +108,11 @@ class CrashHook:
             return
         parts = spec.split(":")
         if not 2 <= len(parts) <= 4 or parts[0] not in CRASH_TARGETS \
-                or parts[1] not in CRASH_POINTS or not all(p.isdigit() for p in parts[2:]):
+                or parts[1] not in (*CRASH_POINTS, DISK_FULL_POINT) \
+                or not all(p.isdigit() for p in parts[2:]):
             raise ValueError(
                 f"{CRASH_ENV}={spec!r}: expected TARGET:POINT[:N[:ATTEMPT]] with TARGET in "
-                f"{CRASH_TARGETS} and POINT in {CRASH_POINTS}"
+                f"{CRASH_TARGETS} and POINT in {(*CRASH_POINTS, DISK_FULL_POINT)}"
             )
         if len(parts) == 4 and attempt != int(parts[3]):
             return
@@ -94,14 +123,21 @@ class CrashHook:
     def from_env(cls, *, attempt: int | None) -> CrashHook:
         return cls(os.environ.get(CRASH_ENV), attempt=attempt)
 
-    def for_write(self, target: str) -> Callable[[str], None] | None:
+    def for_write(self, target: str, path: str | os.PathLike[str] | None = None
+                  ) -> Callable[[str], None] | None:
         """The atomicio hook for the next write of ``target`` (None when nothing can fire)."""
         self._counts[target] += 1
         if target != self.target or self._counts[target] != self.nth:
             return None
 
         def hook(point: str) -> None:
-            if point == self.point:
+            if self.point == DISK_FULL_POINT:
+                # After the write() call, as a real full disk reports it at write or fsync time:
+                # the temporary file holds part of the data when the error surfaces.
+                if point == "before-fsync":
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                                  str(path) if path is not None else None)
+            elif point == self.point:
                 os._exit(CRASH_EXIT_CODE)
 
         return hook
@@ -144,7 +180,7 @@ def commit_checkpoint(
     name = checkpoint_name(global_step)
     directory = paths.checkpoints
     atomic_write_bytes(directory / name, image[: size + FOOTER_SIZE],
-                       hook=crash.for_write("checkpoint") if crash else None)
+                       hook=crash.for_write("checkpoint", directory / name) if crash else None)
     _drop_cached(directory / name)
     t1 = time.perf_counter()
     if before_publish is not None:
@@ -154,7 +190,8 @@ def commit_checkpoint(
     pointer = LatestPointer(path=name, global_step=global_step, epoch=epoch,
                             cursor_step=cursor_step, world_size=world_size, time=time.time(),
                             checksum=checksum)
-    write_json_record(paths.latest, pointer, hook=crash.for_write("latest") if crash else None)
+    write_json_record(paths.latest, pointer,
+                      hook=crash.for_write("latest", paths.latest) if crash else None)
     apply_retention(directory, latest_step=global_step, keep=keep)
     t2 = time.perf_counter()
     return CommitResult(path=name, checksum=checksum, bytes=size + FOOTER_SIZE, write_s=t1 - t0,
@@ -202,7 +239,7 @@ def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str
         if (step := checkpoint_step(entry.name)) is not None and step <= latest_step
     )
     removed = []
-    for _, name in steps[: max(0, len(steps) - max(keep, 1))]:
+    for _, name in steps[: max(0, len(steps) - max(keep, MIN_KEEP))]:
         (directory / name).unlink(missing_ok=True)
         removed.append(name)
     return removed
@@ -217,3 +254,130 @@ def clean_temporaries(directory: Path) -> list[str]:
                 entry.unlink(missing_ok=True)
                 removed.append(entry.name)
     return removed
+
+
+def recorded_checkpoints(paths: RunPaths, attested: Iterable[int] = ()) -> set[int]:
+    """Steps of the checkpoints the run's logs record as committed.
+
+    A checkpoint event is appended before ``latest.json`` may name a file (step 3 above), so an
+    event means "this checkpoint was committed"; ``attested`` adds the resume points the supervisor
+    verified itself (``blocking`` logs its event just after publishing).
+    """
+    steps = set(attested)
+    for attempt in paths.attempts():
+        log = paths.checkpoint_log(attempt)
+        if not log.exists():
+            continue
+        with contextlib.suppress(RunFormatError, OSError):
+            for _, event in JsonlReader(log, CheckpointEvent, torn_tail_ok=True):
+                steps.add(event.global_step)
+    return steps
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumeChoice:
+    """Where the next attempt resumes, and why (recorded in ``supervisor.json``)."""
+
+    pointer: LatestPointer | None
+    """The checkpoint to load (None: a fresh start)."""
+    reason: str
+    """``latest``, ``fresh``, ``rebuilt`` (latest.json was missing or unreadable) or
+    ``fallback`` (the checkpoint it named did not verify)."""
+    problem: str | None = None
+    """What was wrong, one line (``rebuilt`` and ``fallback``)."""
+    rejected: tuple[str, ...] = ()
+    """Newer checkpoint files that were passed over, each with its one-line reason."""
+
+    @property
+    def repaired(self) -> bool:
+        """latest.json must be rewritten to name :attr:`pointer`."""
+        return self.reason in ("rebuilt", "fallback")
+
+    def describe(self, paths: RunPaths) -> str | None:
+        """The one line to show the user (None when nothing unusual happened)."""
+        if not self.repaired or self.pointer is None:
+            return None
+        where = f"{self.pointer.path} (step {self.pointer.global_step})"
+        if self.reason == "rebuilt":
+            return (f"{paths.latest} {self.problem}; rebuilt it from the newest checkpoint that "
+                    f"verifies: {where}")
+        return f"{self.problem}; resuming from the newest valid earlier checkpoint, {where}"
+
+
+def _pointer_problem(paths: RunPaths, pointer: LatestPointer) -> str | None:
+    """Why the checkpoint ``pointer`` names cannot be used; None when it verifies."""
+    try:
+        checked = read_verified(paths.checkpoints / pointer.path,
+                                expected_checksum=pointer.checksum)
+    except CheckpointError as exc:
+        return str(exc)
+    if checked.meta.get("global_step") != pointer.global_step:
+        return (f"{checked.path}: holds step {checked.meta.get('global_step')}, "
+                f"{paths.latest} says {pointer.global_step}")
+    return None
+
+
+def choose_resume(paths: RunPaths, *, locate: Callable[[int], tuple[int, int]],
+                  attested: Iterable[int] = (), restart_hint: str = "") -> ResumeChoice:
+    """The checkpoint the next attempt must load (module docstring: the rule).
+
+    ``locate`` maps a global step to ``(epoch, cursor_step)`` (the run's geometry), to rebuild a
+    pointer from a file. Raises :class:`CheckpointError` when the logs record committed
+    checkpoints but none is left that verifies; ``restart_hint`` ends that message.
+    """
+    problem: str | None = None
+    bound: int | None = None
+    try:
+        pointer = read_latest(paths)
+    except RunFormatError as exc:
+        pointer, problem = None, f"is unreadable ({exc})"
+    if pointer is not None and (
+            "/" in pointer.path or checkpoint_step(pointer.path) != pointer.global_step):
+        # Never follow a pointer out of checkpoints/ or to a file of another step: such a
+        # pointer is no evidence about any file, so it is rebuilt like a missing one.
+        problem = (f"names {pointer.path!r}, which is not the checkpoint file of step "
+                   f"{pointer.global_step} in {paths.checkpoints}")
+        pointer = None
+    if pointer is not None:
+        problem = _pointer_problem(paths, pointer)
+        if problem is None:
+            return ResumeChoice(pointer=pointer, reason="latest")
+        bound = pointer.global_step
+    elif problem is None and paths.checkpoints.is_dir() and any(
+            checkpoint_step(e.name) is not None for e in paths.checkpoints.iterdir()):
+        problem = "is missing"
+    recorded = recorded_checkpoints(paths, attested)
+    files = sorted(((step, entry.name) for entry in (
+        paths.checkpoints.iterdir() if paths.checkpoints.is_dir() else ())
+        if (step := checkpoint_step(entry.name)) is not None
+        and (bound is None or step < bound)), reverse=True)
+    rejected: list[str] = []
+    for step, name in files:
+        if step not in recorded:
+            continue  # written by an attempt that died before committing it
+        try:
+            checked = read_verified(paths.checkpoints / name)
+        except CheckpointError as exc:
+            rejected.append(str(exc))
+            continue
+        meta = checked.meta
+        if meta.get("global_step") != step or not isinstance(meta.get("world_size"), int):
+            rejected.append(f"{checked.path}: its header does not describe step {step}")
+            continue
+        epoch, cursor = locate(step)
+        rebuilt = LatestPointer(path=name, global_step=step, epoch=epoch, cursor_step=cursor,
+                                world_size=int(meta["world_size"]),
+                                time=float(meta.get("time", time.time())),
+                                checksum=checked.checksum)
+        return ResumeChoice(pointer=rebuilt, reason="rebuilt" if bound is None else "fallback",
+                            problem=problem, rejected=tuple(rejected))
+    if pointer is None and not recorded:
+        return ResumeChoice(pointer=None, reason="fresh")
+    newest = max(recorded, default=None) if pointer is None else pointer.global_step
+    why = problem if pointer is not None else f"{paths.latest} {problem or 'is missing'}"
+    raise CheckpointError(
+        f"no valid checkpoint is left in {paths.checkpoints} although the run committed "
+        f"checkpoints up to step {newest} ({why}"
+        + (f"; {len(rejected)} earlier checkpoint(s) do not verify" if rejected else "")
+        + "): ECRL never restarts such a run from step 0; restore a checkpoint file and run "
+        f"`ecrl run --out {paths.root}` again" + (f", or {restart_hint}" if restart_hint else ""))

@@ -9,9 +9,10 @@ TOML file may hold the keys at top level or in a ``[run]`` table, spelled like t
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,21 @@ class RunConfig:
                 "so these failures could never fire"
             )
         return target
+
+    def command_line(self, *, out: str = "NEW_DIR") -> str:
+        """The ``ecrl run`` command that starts a run of this definition in ``out``."""
+        parts = ["ecrl", "run", "--out", shlex.quote(out)]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("out", "explicit") or (f.default is not MISSING and value == f.default):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                parts += [flag] if value else []
+            else:
+                text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+                parts += [flag, shlex.quote(text)]
+        return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -30,6 +30,7 @@ from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
 from ecrl.runtime import registry, statepack
 from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CrashHook, commit_checkpoint
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
@@ -147,9 +148,10 @@ class BlockingCheckpoints(Strategy):
                     epoch=epoch, cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep,
                     crash=self._crash)
             except OSError as exc:  # disk full, permissions: a restart would not help
+                why = disk_error(exc, ctx.paths.checkpoints) or \
+                    f"{exc.strerror or exc} ({exc.filename or ctx.paths.checkpoints})"
                 raise CheckpointError(
-                    f"writing the checkpoint of step {step} failed: {exc.strerror or exc} "
-                    f"({exc.filename or ctx.paths.checkpoints})") from None
+                    f"writing the checkpoint of step {step} failed: {why}") from None
         _barrier(ctx)
         if ctx.rank == 0 and self._events is not None:
             # After the barrier, so that stall_s covers the whole boundary, publication included.

@@ -51,9 +51,17 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._proc import signal_on_parent_death
-from ecrl.runtime.failure import FiredFailure, read_fatal, read_fired, remaining
+from ecrl.runtime.failure import (
+    FiredFailure,
+    RankError,
+    disk_error,
+    rank_errors,
+    read_fatal,
+    read_fired,
+    remaining,
+)
 from ecrl.runtime.launchenv import AttemptEnv
-from ecrl.runtime.persist import load_latest_verified, read_latest
+from ecrl.runtime.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.runconfig import RunConfig
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifest",
@@ -67,6 +75,14 @@ _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "targe
                     "model")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
+
+
+def _after_step(step: int | None) -> str:
+    return "before completing a step" if step is None else f"after step {step}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _torchrun_preexec() -> None:
@@ -209,6 +225,12 @@ class _Outcome:
     """The injected failure that ended it, if one did."""
     fatal: str | None
     """The message of an error no restart can fix, if a rank reported one."""
+    error: RankError | None = None
+    """A crash: the failing rank's own exception, from ``torchrun.log``."""
+
+
+class _DiskFull(Exception):
+    """The supervisor could not write one of its files: no space, quota, read-only."""
 
 
 @dataclass(slots=True)
@@ -229,6 +251,9 @@ class Supervisor:
     state: SupervisorState = field(init=False)
     _stop: int | None = field(default=None, init=False)
     _lock: IO[bytes] | None = field(default=None, init=False)
+    _choice: ResumeChoice | None = field(default=None, init=False)
+    _crash: CrashHook = field(default_factory=lambda: CrashHook.from_env(attempt=None),
+                              init=False)
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -245,20 +270,23 @@ class Supervisor:
                                               explicit=self.config.explicit)
             _check_same_run(existing, plan_manifest(self.config), root)
             self._take_lock()
-            self._resume_point()  # a corrupt latest checkpoint stops us before any write
             state = (read_json_record(self.paths.supervisor, SupervisorState)
                      if self.paths.supervisor.exists()
                      else SupervisorState(attempts=[], restarts=0, status="running"))
             if state.status == "completed":
+                # Before any checkpoint is looked at: a finished run needs none of them.
                 self.out(f"ecrl run: {root} is already complete ({existing.target_steps} steps); "
                          "nothing to do")
                 return False
+            self.manifest, self.state = existing, state
+            # No valid checkpoint left for a run that committed some: stop before any write.
+            self._choice = self._resume_point()
             attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
             config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
-            write_json_record(self.paths.manifest, self.manifest)
+            self._write(self.paths.manifest, self.manifest)
             self.state = replace(state, attempts=attempts, status="running")
-            self.out(f"ecrl run: resuming {root} ({len(attempts)} earlier attempts)")
+            self.out(f"ecrl run: resuming {root} ({_count(len(attempts), 'earlier attempt')})")
         else:
             planned = plan_manifest(self.config)
             if root.exists() and any(root.iterdir()):
@@ -267,7 +295,7 @@ class Supervisor:
             root.mkdir(parents=True, exist_ok=True)
             self._take_lock()
             self.manifest = planned
-            write_json_record(self.paths.manifest, planned)
+            self._write(self.paths.manifest, planned)
             self.state = SupervisorState(attempts=[], restarts=0, status="running",
                                          extra={"injected_failures": []})
         self._save()
@@ -292,18 +320,35 @@ class Supervisor:
         self._lock = handle
 
     def _save(self) -> None:
-        write_json_record(self.paths.supervisor, self.state)
+        self._write(self.paths.supervisor, self.state)
+
+    def _write(self, path: Path, record: Any) -> None:
+        """Atomically replace one of the run's JSON files; a full disk leaves the previous
+        version whole (atomicio) and ends the run (:meth:`run`)."""
+        try:
+            write_json_record(path, record, hook=self._crash.for_write("supervisor", path))
+        except OSError as exc:
+            message = disk_error(exc, path)
+            if message is None:
+                raise
+            raise _DiskFull(message) from None
 
     def _fired(self) -> list[FiredFailure]:
         return [FiredFailure(**f) for f in self.state.extra.get("injected_failures", [])]
 
     # --- one attempt ---------------------------------------------------------------------------
 
-    def _resume_point(self) -> LatestPointer | None:
-        pointer = read_latest(self.paths)
-        if pointer is not None:
-            load_latest_verified(self.paths, pointer)  # raises CheckpointError, never loads
-        return pointer
+    def _resume_point(self) -> ResumeChoice:
+        """Where the next attempt resumes: persist.choose_resume (raises CheckpointError when
+        committed progress has no valid checkpoint left; never loads anything)."""
+        attested = [int(p["global_step"]) for p in
+                    self.state.extra.get("resume_points", {}).values()
+                    if isinstance(p, dict) and isinstance(p.get("global_step"), int)]
+        geometry = semantics.Geometry(dataset_size=self.manifest.dataset_size,
+                                      global_batch=self.manifest.global_batch)
+        return choose_resume(
+            self.paths, locate=geometry.locate, attested=attested,
+            restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
     def _command(self, attempt: int, world: int) -> list[str]:
         c = self.config
@@ -410,6 +455,18 @@ class Supervisor:
                 f"{','.join(map(str, m.world_sizes))}")
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except _DiskFull as exc:
+            # No relaunch: the next attempt would hit the same wall. Nothing half-written is
+            # left: every file the supervisor writes is replaced atomically or not at all.
+            self.err(f"ecrl run: error: {exc} (the previous version of the file is intact); "
+                     f"free some space, then run `ecrl run --out {self.paths.root}` to continue")
+            if self._lock is not None:
+                self._lock.close()
+            return EXIT_FAILED
+
+    def _run(self) -> int:
         if not self._open_run():
             return EXIT_OK
         self.out(self._header())
@@ -420,19 +477,26 @@ class Supervisor:
                     self._finish("stopped")
                     return EXIT_STOPPED
                 try:
-                    pointer = self._resume_point()
+                    choice = self._choice or self._resume_point()
                 except (CheckpointError, RunFormatError) as exc:
                     self.err(f"ecrl run: error: {exc}")
                     self._finish("failed")
                     return EXIT_FAILED
-                outcome = self._attempt(pointer)
+                self._choice = None
+                outcome = self._attempt(choice)
                 code = self._conclude(outcome, relaunches)
                 if code is not None:
                     return code
                 relaunches += 1
 
-    def _attempt(self, pointer: LatestPointer | None) -> _Outcome:
-        """Launch one attempt from ``pointer``, wait for it, record and classify its end."""
+    def _attempt(self, choice: ResumeChoice) -> _Outcome:
+        """Launch one attempt from ``choice``, wait for it, record and classify its end."""
+        pointer = choice.pointer
+        if choice.repaired and pointer is not None:
+            # The supervisor holds the run's lock and no rank runs: repairing the pointer keeps
+            # latest.json naming the checkpoint the run really continues from.
+            self.err(f"ecrl run: {choice.describe(self.paths)}")
+            self._write(self.paths.latest, pointer)
         target = self.manifest.target_steps
         attempt = self._next_attempt()
         world = self.manifest.world_size_of(attempt)
@@ -447,9 +511,13 @@ class Supervisor:
             # The supervisor's own testimony (it verified the checksum just before): evidence
             # of the resume point for ecrl-verify should the writer have died after publishing
             # latest.json but before logging the checkpoint event.
-            extra["resume_points"] = {**extra.get("resume_points", {}), str(attempt): {
-                "global_step": pointer.global_step, "path": pointer.path,
-                "checksum": pointer.checksum}}
+            point: dict[str, Any] = {"global_step": pointer.global_step, "path": pointer.path,
+                                     "checksum": pointer.checksum, "reason": choice.reason}
+            if choice.problem is not None:
+                point["problem"] = choice.problem
+            if choice.rejected:
+                point["rejected"] = list(choice.rejected)
+            extra["resume_points"] = {**extra.get("resume_points", {}), str(attempt): point}
         self.state = replace(self.state, attempts=[*self.state.attempts, record],
                              restarts=len(self.state.attempts), extra=extra)
         self._save()
@@ -468,6 +536,12 @@ class Supervisor:
         elif self._stop is not None:
             outcome = replace(outcome, status="stopped")
         extra = dict(self.state.extra)
+        if outcome.status == "failed" and outcome.fired is None and outcome.fatal is None:
+            outcome = replace(outcome, error=self._rank_error(attempt))
+            if outcome.error is not None:
+                extra["crashes"] = {**extra.get("crashes", {}), str(attempt): {
+                    "rank": outcome.error.rank, "exception": outcome.error.exception,
+                    "last_step": last, "resumed_from_step": record.resumed_from_step}}
         if outcome.fired is not None and outcome.status == "failed":
             fired = {"attempt": attempt, "global_step": outcome.fired.global_step,
                      "rank": outcome.fired.rank}
@@ -502,13 +576,19 @@ class Supervisor:
             self.out(f"[attempt {attempt}] injected failure after step "
                      f"{outcome.fired.global_step} (rank {outcome.fired.rank}, exit 137); {after}")
         else:
-            self.err(f"[attempt {attempt}] crashed (torchrun exit {outcome.exit_code}) after "
-                     f"step {last}; {after}")
-            self._show_log_tail(attempt)
+            self.err(f"[attempt {attempt}] crashed (torchrun exit {outcome.exit_code}) "
+                     f"{_after_step(last)}; {after}")
+            self._show_crash(attempt, outcome.error)
+            if self._repeated(outcome):
+                self.err(f"ecrl run: error: the same error ended attempts {attempt - 1} and "
+                         f"{attempt} {_after_step(last)}, so a restart cannot fix it; fix the "
+                         f"cause, then run `ecrl run --out {self.paths.root}` to continue")
+                self._finish("failed")
+                return EXIT_FAILED
         limit = self.config.effective_max_restarts
         if relaunches >= limit:
             self.err(f"ecrl run: restart limit reached (--max-restarts {limit}); the run stops "
-                     f"after step {last}")
+                     f"{_after_step(last)}")
             self._finish("failed")
             return EXIT_FAILED
         return None
@@ -519,6 +599,33 @@ class Supervisor:
         self.out(f"ecrl {self.name}: done; run directory {self.paths.root}")
         for line in render_summary(summarize(str(self.paths.root))):
             self.out(f"  {line}")
+
+    def _rank_error(self, attempt: int) -> RankError | None:
+        path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+        try:
+            errors = rank_errors(path.read_text(errors="replace"))
+        except OSError:
+            return None
+        return errors[0] if errors else None
+
+    def _repeated(self, outcome: _Outcome) -> bool:
+        """The same exception ended the previous attempt at the same step, from the same
+        checkpoint: a restart replays the same inputs, so it would fail again."""
+        if outcome.error is None:
+            return False
+        crashes = self.state.extra.get("crashes", {})
+        now, before = crashes.get(str(outcome.attempt)), crashes.get(str(outcome.attempt - 1))
+        return isinstance(before, dict) and isinstance(now, dict) and all(
+            before.get(k) == now.get(k) for k in ("exception", "last_step", "resumed_from_step"))
+
+    def _show_crash(self, attempt: int, error: RankError | None) -> None:
+        path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+        if error is None:
+            self._show_log_tail(attempt)
+            return
+        who = "a rank" if error.rank is None else f"rank {error.rank}"
+        self.err(f"  {who}: {error.exception}")
+        self.err(f"  ({error.where + '; ' if error.where else ''}full traceback in {path})")
 
     def _show_log_tail(self, attempt: int, lines: int = 15) -> None:
         path = self._torchrun_log(attempt)

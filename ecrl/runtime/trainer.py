@@ -25,6 +25,7 @@ number, checkpoint to resume from, failures still to inject) from the ``ECRL_*``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -48,7 +49,7 @@ from ecrl.runtime.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.bgwriter import WriterCrashed
 from ecrl.runtime.checkpointer import Checkpointer, seed_all
 from ecrl.runtime.datasets import build_dataset
-from ecrl.runtime.failure import FATAL_EXIT_CODE, write_fatal
+from ecrl.runtime.failure import FATAL_EXIT_CODE, fatal_reason, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.models import build_model
 from ecrl.runtime.runconfig import RunConfig
@@ -174,10 +175,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Restartable: the supervisor relaunches from the last durable checkpoint.
         print(f"ecrl trainer (rank {rank}): {exc}", file=sys.stderr, flush=True)
         return 1
-    except EcrlError as exc:
-        # A problem no restart can fix: say so once, and tell the supervisor not to retry.
-        write_fatal(paths, attempt=env.attempt, rank=rank, message=str(exc))
-        print(f"ecrl trainer (rank {rank}): error: {exc}", file=sys.stderr, flush=True)
+    except Exception as exc:
+        # A problem no restart can fix (ours, or failure.fatal_reason's: a full disk, a broken
+        # data file, an impossible allocation): say so once, tell the supervisor not to retry.
+        message = str(exc) if isinstance(exc, EcrlError) else fatal_reason(exc, paths.root)
+        if message is None:
+            raise  # a crash: the supervisor shows this traceback's last line and relaunches
+        with contextlib.suppress(OSError):  # on a full disk even this may not fit
+            write_fatal(paths, attempt=env.attempt, rank=rank, message=message)
+        with contextlib.suppress(OSError):
+            print(f"ecrl trainer (rank {rank}): error: {message}", file=sys.stderr, flush=True)
         return FATAL_EXIT_CODE
 
 
