@@ -204,10 +204,19 @@ def load(ckpt: VerifiedShards) -> Any:
                              array=array)
 
 
-def _first_line(exc: BaseException) -> str:
+def _unwrap_failures(exc: BaseException) -> list[BaseException]:
+    """The ranks' own exceptions inside DCP's CheckpointException (``(exception, stack)``)."""
     failures = getattr(exc, "failures", None) or {}
+    out = []
     for failure in failures.values():
-        inner = getattr(failure, "exc", failure)
+        inner = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(inner, BaseException):
+            out.append(inner)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    for inner in _unwrap_failures(exc):
         if isinstance(inner, OSError):
             return f"{inner.strerror or inner} ({inner.filename})"
         if isinstance(inner, BaseException):
@@ -216,9 +225,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _disk_problem(exc: BaseException) -> OSError | None:
-    failures = getattr(exc, "failures", None) or {}
-    for failure in [exc, *failures.values()]:
-        inner = getattr(failure, "exc", failure)
+    for inner in [exc, *_unwrap_failures(exc)]:
         if isinstance(inner, OSError):
             return inner
     return None
