@@ -43,6 +43,35 @@ def test_ecrl_subcommand_flags(args: list[str], flags: list[str]) -> None:
         assert flag in out.stdout
 
 
+RUN_FLAGS = [
+    "--config", "--nproc", "--out", "--world-sizes", "--dataset", "--data-dir", "--dataset-size",
+    "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every", "--strategy",
+    "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids", "--max-restarts",
+    "--deadline", "--keep-checkpoints", "--lr", "--image-size", "--threads",
+    "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+    "--rdzv-conf",
+]
+
+
+def test_run_flags_are_pinned_and_generated_from_the_config_fields() -> None:
+    import re
+    from dataclasses import fields
+
+    from ecrl.runtime.runconfig import RunConfig, run_flags
+
+    out = run_cli("ecrl", "run", "--help")
+    assert out.returncode == 0
+    shown = re.findall(r"^  (--[a-z-]+)", out.stdout, re.M)
+    assert shown == RUN_FLAGS  # a change here is deliberate: update this list and the docs
+    generated = [f.flag for f in run_flags()]
+    assert generated == ["--" + f.name.replace("_", "-") for f in fields(RunConfig)
+                         if f.name != "explicit"]
+    assert generated == RUN_FLAGS[2:]  # --config and --nproc are not settings of a run
+    text = " ".join(out.stdout.split())
+    for f in run_flags():
+        assert " ".join(f.help.replace("%%", "%").split()) in text
+
+
 def test_selfcheck_passes_and_shows_worked_example() -> None:
     out = run_cli("ecrl", "selfcheck")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -21,77 +21,36 @@ if TYPE_CHECKING:
 NOT_BUILT_EXIT = 2
 
 
-def _not_built(name: str, issue: str) -> int:
-    print(f"ecrl {name}: not built yet ({issue}); see README.md for what works today",
-          file=sys.stderr)
+def _not_built(name: str, instead: str) -> int:
+    """One line: this feature is not in this version, and what works instead."""
+    print(f"ecrl {name}: not available in this version; {instead}", file=sys.stderr)
     return NOT_BUILT_EXIT
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     # No defaults here (None = not given): defaults live in RunConfig, so that a TOML file given
-    # with --config can set anything a flag can, and a flag given on the command line wins.
+    # with --config can set anything a flag can, and a flag given on the command line wins. The
+    # flags themselves are RunConfig's documented fields (runconfig.run_flags).
+    from ecrl.runtime.runconfig import run_flags
+
     p.add_argument("--config", metavar="TOML", help="read any of these flags from a TOML file")
-    p.add_argument("--out", metavar="DIR", help="run directory (created; resumed if it exists)")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="processes per node, the same for every attempt")
-    p.add_argument("--world-sizes", metavar="W0,W1,…",
-                   help="world size of attempt 0, 1, …; the last one repeats (default 1)")
-    p.add_argument("--dataset", metavar="NAME",
-                   help="fake (generated, default), cifar10, cifar100 or imagefolder")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="dataset root for cifar10, cifar100 and imagefolder")
-    p.add_argument("--dataset-size", type=int, metavar="D",
-                   help="samples in the fake dataset (default 4096)")
-    p.add_argument("--model", metavar="NAME", help="tiny-cnn (default), resnet18 or resnet50")
-    p.add_argument("--global-batch", type=int, metavar="B",
-                   help="samples per step over all ranks (default 32)")
-    p.add_argument("--steps", type=int, metavar="T", help="committed steps to reach (default 200)")
-    p.add_argument("--epochs", type=int, metavar="E", help="alternative to --steps")
-    p.add_argument("--ckpt-every", type=int, metavar="K",
-                   help="checkpoint after every K-th step (default 50; 0: never)")
-    p.add_argument("--strategy", metavar="NAME",
-                   help="none, blocking or overlapped (default); sharded and jit: not built yet")
-    p.add_argument("--max-inflight", type=int, metavar="N",
-                   help="overlapped: pending background writes before back-pressure (default 2)")
-    p.add_argument("--fail-at", metavar="STEPS",
-                   help="inject a failure after these global steps, e.g. 400,1200")
-    p.add_argument("--fail-rank", type=int, metavar="R", help="rank that fails (default 0)")
-    p.add_argument("--seed", type=int, help="seed of the sample order, weights and RNGs (0)")
-    p.add_argument("--log-ids", action="store_true", default=None,
-                   help="log full sample IDs, not only count and hash")
-    p.add_argument("--max-restarts", type=int, metavar="N",
-                   help="relaunches allowed after failures (default: failures injected + 3)")
-    p.add_argument("--deadline", metavar="TIME",
-                   help="take a final checkpoint before this time (not built yet)")
-    p.add_argument("--keep-checkpoints", type=int, metavar="K",
-                   help="retention: keep the newest K >= 2 checkpoints (default 2)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 0.05)")
-    p.add_argument("--image-size", type=int, metavar="PX",
-                   help="input side for fake and imagefolder data (default 32)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="torch CPU threads per rank (default: cores / ranks per node)")
-    p.add_argument("--collective-timeout-s", type=float, metavar="S",
-                   help="timeout of every collective (default 60)")
-    p.add_argument("--nnodes", type=int, metavar="N", help="torchrun --nnodes (multi-node)")
-    p.add_argument("--rdzv-backend", metavar="NAME", help="torchrun --rdzv-backend")
-    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
-    p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id")
-    p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
-
-
-_RUN_KEYS = ("out", "world_sizes", "dataset", "data_dir", "dataset_size", "model",
-             "global_batch", "steps", "epochs", "ckpt_every", "strategy", "max_inflight", "fail_at",
-             "fail_rank", "seed", "log_ids", "max_restarts", "deadline", "keep_checkpoints", "lr",
-             "image_size", "threads", "collective_timeout_s", "nnodes", "rdzv_backend",
-             "rdzv_endpoint", "rdzv_id", "rdzv_conf")
+    types: dict[str, type] = {"int": int, "float": float, "str": str, "ints": str}
+    for f in run_flags():
+        if f.kind == "bool":
+            p.add_argument(f.flag, dest=f.name, action="store_true", default=None, help=f.help)
+        else:
+            p.add_argument(f.flag, dest=f.name, type=types[f.kind], metavar=f.metavar,
+                           help=f.help)
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
     import time
 
-    from ecrl.runtime.runconfig import load_config
+    from ecrl.runtime.runconfig import load_config, run_flags
 
-    flags = {key: getattr(args, key) for key in _RUN_KEYS}
+    flags = {f.name: getattr(args, f.name) for f in run_flags()}
     if args.nproc is not None:
         if args.world_sizes is not None:
             raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
@@ -104,9 +63,12 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _run_config(args)
     if config.strategy not in BUILT_STRATEGIES:
-        return _not_built(f"run --strategy {config.strategy}", "a later issue")
+        return _not_built(f"run --strategy {config.strategy}",
+                          f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
     if config.deadline is not None:
-        return _not_built("run --deadline", "a later issue")
+        return _not_built("run --deadline", "checkpoints come every --ckpt-every steps, and "
+                          "Ctrl-C or SIGTERM stops the job at the last durable one; run `ecrl "
+                          "run --out DIR` again to continue")
     from ecrl.runtime.supervisor import Supervisor
 
     return Supervisor(config).run()
@@ -186,7 +148,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             if exc.name != module_name:
                 raise
-            print(f"ecrl bench {name}: not built yet", file=sys.stderr)
+            print(f"ecrl bench {name}: not available in this version; `ecrl bench --help` lists "
+                  "the others", file=sys.stderr)
             status = NOT_BUILT_EXIT
             continue
 
@@ -249,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     matrix = sub.add_parser("matrix", help="the experiment matrix (suites × variants)")
     matrix.add_argument("config", metavar="CONFIG")
-    matrix.set_defaults(func=lambda a: _not_built("matrix", "a later issue"))
+    matrix.set_defaults(func=lambda a: _not_built(
+        "matrix", "run each configuration with `ecrl run` and check it with `ecrl-verify`"))
 
     advise = sub.add_parser(
         "advise", help="checkpoint-interval advice from the seed models",

@@ -10,11 +10,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ecrl.contract.errors import ConfigError
+from ecrl.contract.errors import ConfigError, RunFormatError
+from ecrl.contract.runformat import RunManifest, read_json_record
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.supervisor import EXIT_OK, Supervisor
 
-__all__ = ["DEMO_CONFIG", "run_demo"]
+__all__ = ["DEMO_CONFIG", "DEMO_MARKER", "run_demo"]
+
+DEMO_MARKER = {"created_by": "ecrl demo"}
+"""In the demo's ``run.json``: the only directories the demo ever replaces."""
 
 DEMO_CONFIG = dict(
     world_sizes=(2, 2, 1), dataset="fake", dataset_size=2048, model="tiny-cnn", global_batch=32,
@@ -24,12 +28,18 @@ DEMO_CONFIG = dict(
 
 
 def _fresh(root: Path) -> None:
-    if not root.exists():
+    """Make room for the demo: replace a directory only if an earlier demo created it."""
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
         return
-    if (root / "run.json").exists() or not any(root.iterdir()):
-        shutil.rmtree(root)
-    else:
-        raise ConfigError(f"{root} exists and is not an ECRL run: remove it or pass --out DIR")
+    try:
+        ours = read_json_record(root / "run.json", RunManifest).extra.get("created_by") \
+            == DEMO_MARKER["created_by"]
+    except RunFormatError:
+        ours = False
+    if not ours:
+        raise ConfigError(f"{root} exists and was not created by ecrl demo, so the demo will not "
+                          "replace it: pass --out with a new directory")
+    shutil.rmtree(root)
 
 
 def run_demo(*, out: str = "demo-run") -> int:
@@ -39,7 +49,7 @@ def run_demo(*, out: str = "demo-run") -> int:
     print("ecrl demo: 2-rank DDP run of the tiny CNN on generated data, overlapped checkpoints "
           "every 20 steps,\n  failures injected after steps 35 and 85, the last attempt at "
           f"world size 1 (2→1); writing {root}/", flush=True)
-    code = Supervisor(config).run()
+    code = Supervisor(config, marker=dict(DEMO_MARKER)).run()
     if code != EXIT_OK:
         return code
     from verifier import render_text, verify

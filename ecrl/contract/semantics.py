@@ -47,6 +47,7 @@ __all__ = [
     "MAX_DATASET_SIZE",
     "MAX_SEED",
     "Geometry",
+    "local_batch",
     "EpochPermutation",
     "SamplerState",
     "mix64",
@@ -164,13 +165,7 @@ class Geometry:
 
     def local_batch(self, world_size: int) -> int:
         """L = B / W, after checking that W divides B."""
-        w = _check_int("world size", world_size, low=1, high=self.global_batch)
-        if self.global_batch % w:
-            raise SemanticsError(
-                f"global batch {self.global_batch} is not divisible by world size {w}: choose a "
-                f"world size among {_divisors(self.global_batch)} or another global batch"
-            )
-        return self.global_batch // w
+        return local_batch(self.global_batch, world_size)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -178,6 +173,18 @@ class Geometry:
             "global_batch": self.global_batch,
             "steps_per_epoch": self.steps_per_epoch,
         }
+
+
+def local_batch(global_batch: int, world_size: int) -> int:
+    """L = B / W: the one place that checks that W divides B, with the standard message."""
+    b = _check_int("global batch", global_batch, low=1, high=MAX_DATASET_SIZE)
+    w = _check_int("world size", world_size, low=1, high=b)
+    if b % w:
+        raise SemanticsError(
+            f"global batch {b} is not divisible by world size {w}: choose a world size among "
+            f"{_divisors(b)} or another global batch"
+        )
+    return b // w
 
 
 def _divisors(n: int, limit: int = 8) -> str:

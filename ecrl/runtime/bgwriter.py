@@ -43,13 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
 from ecrl.runtime.failure import disk_error
-from ecrl.runtime.persist import CommitResult, CrashHook, commit_checkpoint
+from ecrl.runtime.persist import CommitResult, CrashHook, checkpoint_name, commit_checkpoint
 
 __all__ = ["WriterCrashed", "Slot", "WriterClient", "main"]
 
@@ -133,6 +133,9 @@ class WriterClient:
             raise WriterCrashed(
                 f"the background checkpoint writer exited unexpectedly (exit code {code})"
             ) from None
+        return self._take(message)
+
+    def _take(self, message: dict[str, Any]) -> dict[str, Any]:
         if message["op"] == "error":
             raise CheckpointError(f"background checkpoint writer: {message['message']}")
         if message["op"] == "done":
@@ -167,7 +170,7 @@ class WriterClient:
         try:
             reduction.send_handle(self.conn, fd, self.process.pid)
         except OSError:
-            raise WriterCrashed("the background checkpoint writer is gone") from None
+            self._gone()
         return slot
 
     @staticmethod
@@ -211,7 +214,14 @@ class WriterClient:
         try:
             self.conn.send_bytes(json.dumps(message).encode())
         except OSError:
-            raise WriterCrashed("the background checkpoint writer is gone") from None
+            self._gone()
+
+    def _gone(self) -> NoReturn:
+        """The writer closed its end. If it said why first (a full disk), that is the error."""
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            while self.conn.poll(0):
+                self._take(json.loads(self.conn.recv_bytes()))  # raises on its error message
+        raise WriterCrashed("the background checkpoint writer is gone")
 
     def submit(self, slot: Slot, *, size: int, global_step: int, epoch: int, cursor_step: int,
                world_size: int, snapshot_s: float, backpressure_s: float) -> int:
@@ -311,7 +321,7 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
                 cursor_step=msg["cursor_step"], world_size=msg["world_size"], keep=keep,
                 crash=crash, before_publish=record)
         except OSError as exc:
-            why = disk_error(exc, paths.checkpoints) or \
+            why = disk_error(exc, paths.checkpoints / checkpoint_name(msg["global_step"])) or \
                 f"{exc.strerror or exc} ({exc.filename or paths.checkpoints})"
             conn.send_bytes(json.dumps({
                 "op": "error", "job": job,

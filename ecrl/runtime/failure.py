@@ -208,12 +208,14 @@ def rank_errors(text: str) -> list[RankError]:
     """
     streams: dict[int | None, list[str]] = {}
     root: int | None = None
+    in_root_cause = False
     for raw in text.splitlines():
         match = _PREFIX.match(raw)
         rank = int(match.group(1)) if match else None
         line = raw[match.end():] if match else raw
         streams.setdefault(rank, []).append(line)
-        cause = _ROOT_CAUSE.match(raw)
+        in_root_cause = in_root_cause or raw.startswith("Root Cause")
+        cause = _ROOT_CAUSE.match(raw) if in_root_cause else None
         if cause is not None and root is None:
             root = int(cause.group(1))
     own: dict[int | None, RankError] = {}

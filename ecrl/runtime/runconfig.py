@@ -8,7 +8,10 @@ TOML file may hold the keys at top level or in a ``[run]`` table, spelled like t
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +24,8 @@ from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.runtime.registry import built_strategies, strategy_names
 
 __all__ = [
+    "RunFlag",
+    "run_flags",
     "STRATEGIES",
     "BUILT_STRATEGIES",
     "MODELS",
@@ -48,6 +53,9 @@ _KIND_NAMES: dict[type | tuple[type, ...], str] = {
     str: "a string", bool: "true or false", (int, float): "a number",
 }
 DEFAULT_STEPS = 200
+MAX_INT = (1 << 63) - 1
+"""Every integer setting fits a signed 64-bit integer: what run.json's readers (and the
+contract's step arithmetic) accept."""
 
 
 def parse_int_list(flag: str, value: Any) -> tuple[int, ...]:
@@ -77,62 +85,64 @@ def parse_int_list(flag: str, value: Any) -> tuple[int, ...]:
 class RunConfig:
     """One training run under the supervisor (the flags of ``ecrl run``)."""
 
+    # Each field is one `ecrl run` flag (run_flags): its docstring is the flag's help, after an
+    # optional "METAVAR: " prefix; ``name`` in a docstring is shown as the flag --name.
     out: str
-    """Run directory; created, or resumed when it already holds a run."""
+    """DIR: run directory; created, or resumed when it already holds a run."""
     world_sizes: tuple[int, ...] = (1,)
-    """World size of attempt 0, 1, …; the last one repeats."""
+    """W0,W1,…: world size of attempt 0, 1, …; the last one repeats."""
     dataset: str = "fake"
-    """fake (generated), cifar10, cifar100 or imagefolder."""
+    """NAME: fake (generated), cifar10, cifar100 or imagefolder."""
     data_dir: str | None = None
-    """Dataset root for cifar10, cifar100 and imagefolder."""
+    """DIR: dataset root for cifar10, cifar100 and imagefolder."""
     dataset_size: int | None = None
-    """D for the fake dataset (default 4096); other datasets have their own size."""
+    """D: samples of the fake dataset (default 4096); other datasets have their own size."""
     model: str = "tiny-cnn"
-    """tiny-cnn, resnet18 or resnet50."""
+    """NAME: tiny-cnn, resnet18 or resnet50."""
     global_batch: int = 32
     """B: samples per step over all ranks; constant for the whole run."""
     steps: int | None = None
-    """Committed steps to reach (default 200 unless ``epochs`` is given)."""
+    """T: committed steps to reach (default 200 unless ``epochs`` is given)."""
     epochs: int | None = None
-    """Alternative to ``steps``: this many epochs of S = D // B steps."""
+    """E: alternative to ``steps``: this many epochs of S = D // B steps."""
     ckpt_every: int = 50
-    """Checkpoint after every K-th step (0: never)."""
+    """K: checkpoint after every K-th step (0: never)."""
     strategy: str = "overlapped"
-    """none, blocking or overlapped (sharded and jit are not built yet)."""
+    """NAME: none, blocking or overlapped."""
     max_inflight: int = 2
-    """overlapped: checkpoints that may be pending in the background writer."""
+    """N: overlapped: checkpoints that may be pending in the background writer."""
     fail_at: tuple[int, ...] = ()
-    """Global steps after which a failure is injected, each once over the whole run."""
+    """STEPS: global steps after which a failure is injected, each once over the whole run."""
     fail_rank: int = 0
-    """Rank that exits with code 137 at an injected failure."""
+    """R: rank that exits with code 137 at an injected failure."""
     seed: int = 0
     """Seed of the sample order, the model initialisation and every RNG."""
     log_ids: bool = False
     """Log every sample ID in the step records, not only count and hash."""
     max_restarts: int | None = None
-    """Relaunches allowed after failures in one ``ecrl run`` (default: injected failures + 3)."""
+    """N: relaunches allowed after failures in one ecrl run (default: injected failures + 3)."""
     deadline: str | None = None
-    """Deadline-aware final checkpoint (not built yet)."""
+    """TIME: deadline-aware final checkpoint (not available in this version)."""
     keep_checkpoints: int = 2
-    """Retention: the newest K >= 2 checkpoints are kept."""
+    """K: retention: the newest K >= 2 checkpoints are kept."""
     lr: float = 0.05
     """Peak learning rate of SGD (momentum 0.9) under cosine decay over the run."""
     image_size: int = 32
-    """Side of the (square) input images for fake and imagefolder data."""
+    """PX: side of the (square) input images for fake and imagefolder data."""
     threads: int | None = None
-    """torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
+    """N: torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
     collective_timeout_s: float = 60.0
-    """Timeout of every collective: how long a hung (not dead) peer can stall the job."""
+    """S: timeout of every collective: how long a hung (not dead) peer can stall the job."""
     nnodes: int = 1
-    """torchrun --nnodes; with more than one node, pass the rendezvous options too."""
+    """N: torchrun --nnodes; with more than one node, pass the rendezvous options too."""
     rdzv_backend: str | None = None
-    """torchrun --rdzv-backend (multi-node)."""
+    """NAME: torchrun --rdzv-backend (multi-node)."""
     rdzv_endpoint: str | None = None
-    """torchrun --rdzv-endpoint host:port (multi-node)."""
+    """HOST:PORT: torchrun --rdzv-endpoint (multi-node)."""
     rdzv_id: str | None = None
-    """torchrun --rdzv-id (multi-node)."""
+    """ID: torchrun --rdzv-id (multi-node)."""
     rdzv_conf: str | None = None
-    """torchrun --rdzv-conf (multi-node)."""
+    """K=V,…: torchrun --rdzv-conf (multi-node)."""
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
     """Names of the fields the user set (flag or config file), for resume checks."""
 
@@ -146,6 +156,12 @@ class RunConfig:
             if kind is not None and value is not None and not (
                     isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))):
                 raise bad(f.name.replace("_", "-"), f"must be {_KIND_NAMES[kind]}, got {value!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(isinstance(v, int) and not isinstance(v, bool) and v > MAX_INT
+                   for v in values):
+                raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
         if not self.out:
             raise bad("out", "must name a directory")
         if self.strategy not in strategy_names():
@@ -181,14 +197,10 @@ class RunConfig:
         if not self.world_sizes or any(w < 1 for w in self.world_sizes):
             raise bad("world-sizes", f"must be positive integers, got {self.world_sizes}")
         for w in self.world_sizes:
-            if self.global_batch % w:
-                divisors = [d for d in range(1, self.global_batch + 1)
-                            if self.global_batch % d == 0][:8]
-                raise ConfigError(
-                    f"--global-batch {self.global_batch} is not divisible by world size {w} "
-                    f"(--world-sizes {','.join(map(str, self.world_sizes))}): use world sizes "
-                    f"among {', '.join(map(str, divisors))} or another global batch"
-                )
+            try:
+                semantics.local_batch(self.global_batch, w)
+            except SemanticsError as exc:
+                raise ConfigError(f"--global-batch/--world-sizes: {exc}") from None
             if w % self.nnodes:
                 raise ConfigError(f"world size {w} is not divisible by --nnodes {self.nnodes}")
         if self.fail_rank >= min(self.world_sizes):
@@ -239,6 +251,9 @@ class RunConfig:
         geometry = self.geometry(dataset_size)
         if self.epochs is not None:
             target = self.epochs * geometry.steps_per_epoch
+            if target > MAX_INT:
+                raise ConfigError(f"--epochs {self.epochs}: {target} steps is more than the "
+                                  f"{MAX_INT} a run can have")
         else:
             target = self.steps if self.steps is not None else DEFAULT_STEPS
         late = [f for f in self.fail_at if f >= target]
@@ -286,6 +301,68 @@ class RunConfig:
 
     def with_explicit(self, **changes: Any) -> RunConfig:
         return replace(self, **changes, explicit=self.explicit | frozenset(changes))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunFlag:
+    """One ``ecrl run`` flag, generated from a documented :class:`RunConfig` field."""
+
+    name: str
+    """The field, and the flag's argparse destination."""
+    flag: str
+    """``--global-batch`` for ``global_batch``."""
+    kind: str
+    """int, float, str, bool (a switch) or ints (a comma-separated list)."""
+    metavar: str | None
+    help: str
+    """The field's docstring, with its default appended."""
+
+
+_METAVAR = re.compile(r"^([A-Z][A-Z0-9]*(?:[,:=][A-Z0-9]+)*(?:,…)?): ")
+
+
+def _field_docs() -> dict[str, str]:
+    """``{field: docstring}`` of RunConfig, read from this module's source (attribute
+    docstrings are not kept at run time)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunConfig")
+    docs: dict[str, str] = {}
+    for node, after in zip(cls.body, cls.body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+                and isinstance(after.value.value, str):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+@functools.cache
+def run_flags() -> tuple[RunFlag, ...]:
+    """The flags of ``ecrl run``, one per RunConfig field, in field order: the single source of
+    their names, types and help."""
+    docs = _field_docs()
+    names = {f.name for f in fields(RunConfig)}
+    flags = []
+    for f in fields(RunConfig):
+        if f.name == "explicit":
+            continue
+        doc = docs[f.name]  # a KeyError here is a field added without its docstring
+        match = _METAVAR.match(doc)
+        metavar, text = (match.group(1), doc[match.end():]) if match else (None, doc)
+        text = re.sub(r"``(\w+)``", lambda m: "--" + m.group(1).replace("_", "-")
+                      if m.group(1) in names else m.group(1), text)
+        kind = str(f.type)
+        kind = ("ints" if kind.startswith("tuple") else "bool" if kind == "bool"
+                else "float" if "float" in kind else "int" if "int" in kind else "str")
+        text = text.rstrip(".")
+        if text[:1].isupper() and text[1:2].islower():
+            text = text[0].lower() + text[1:]  # argparse's style: help starts in lower case
+        if f.default not in (MISSING, None, False, ()) and "default" not in text:
+            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) \
+                else f.default
+            text = f"{text} (default {shown})"
+        flags.append(RunFlag(name=f.name, flag="--" + f.name.replace("_", "-"), kind=kind,
+                             metavar=metavar, help=text.replace("%", "%%")))
+    return tuple(flags)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

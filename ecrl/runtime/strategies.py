@@ -31,7 +31,7 @@ from ecrl.contract.semantics import Geometry
 from ecrl.runtime import registry, statepack
 from ecrl.runtime.bgwriter import WriterClient
 from ecrl.runtime.failure import disk_error
-from ecrl.runtime.persist import CrashHook, commit_checkpoint
+from ecrl.runtime.persist import CrashHook, checkpoint_name, commit_checkpoint
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
            "OverlappedCheckpoints", "make_strategy"]
@@ -148,7 +148,7 @@ class BlockingCheckpoints(Strategy):
                     epoch=epoch, cursor_step=cursor, world_size=ctx.world_size, keep=ctx.keep,
                     crash=self._crash)
             except OSError as exc:  # disk full, permissions: a restart would not help
-                why = disk_error(exc, ctx.paths.checkpoints) or \
+                why = disk_error(exc, ctx.paths.checkpoints / checkpoint_name(step)) or \
                     f"{exc.strerror or exc} ({exc.filename or ctx.paths.checkpoints})"
                 raise CheckpointError(
                     f"writing the checkpoint of step {step} failed: {why}") from None

@@ -3,6 +3,11 @@
 This is the runtime's own account, printed by ``ecrl run`` and ``ecrl demo``. The verifier
 (``ecrl-verify``) computes its metrics independently from the same files and is the authority on
 correctness; this summary checks nothing.
+
+Time is counted per attempt (its launch to its end, relaunch and replay included): a run stopped
+on Friday and continued on Monday did not spend the weekend training, so the idle time between a
+stop and its continuation counts nowhere, and goodput is committed steps over the attempts' own
+time.
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ class RunSummary:
     """Steps after which a failure was injected."""
     replayed_steps: int
     """Steps a failed attempt ran after the checkpoint its successor resumed from."""
+    attempt_wall_s: list[float]
+    """Wall time of each attempt, from its launch to its end (or to now, if it is running)."""
     wall_s: float
+    """The attempts' own time, summed: idle time between attempts is not counted."""
     goodput: float
-    """Committed steps per wall-clock second, restarts and replays included."""
+    """Committed steps per second of :attr:`wall_s`, relaunches and replays included."""
     checkpoints: int
     stall_s_total: float
     stall_s_median: float | None
@@ -66,10 +74,13 @@ def summarize(root: str) -> RunSummary:
             committed = last.last_step + 1
         elif last.resumed_from_step is not None:
             committed = last.resumed_from_step + 1
-    wall = 0.0
-    if attempts:
-        end = attempts[-1].end_time or time.time()
-        wall = max(0.0, end - attempts[0].start_time)
+    now = time.time()
+    # An attempt without an end time either runs now or was cut short with its supervisor; the
+    # latter's time is unknown beyond its start, so it counts as zero rather than as "until now".
+    walls = [max(0.0, (a.end_time if a.end_time is not None
+                       else now if a is attempts[-1] and state.status == "running"
+                       else a.start_time) - a.start_time) for a in attempts]
+    wall = sum(walls)
     stalls: list[float] = []
     writes: list[float] = []
     for a in attempts:
@@ -85,7 +96,8 @@ def summarize(root: str) -> RunSummary:
         world_sizes=[a.world_size for a in attempts],
         injected_failures=[int(f["global_step"])
                            for f in state.extra.get("injected_failures", [])],
-        replayed_steps=replayed, wall_s=wall, goodput=committed / wall if wall else 0.0,
+        replayed_steps=replayed, attempt_wall_s=walls, wall_s=wall,
+        goodput=committed / wall if wall else 0.0,
         checkpoints=len(stalls), stall_s_total=sum(stalls),
         stall_s_median=statistics.median(stalls) if stalls else None,
         write_s_median=statistics.median(writes) if writes else None,
@@ -97,13 +109,17 @@ def render_summary(s: RunSummary) -> list[str]:
         return "n/a" if value is None else f"{value * 1e3:.1f} ms"
 
     sizes = " → ".join(map(str, s.world_sizes)) or "none"
+    failures = (f"injected failures after steps {', '.join(map(str, s.injected_failures))}"
+                if s.injected_failures else "no injected failures")
+    per_attempt = ", ".join(f"{w:.1f}" for w in s.attempt_wall_s) or "none"
     return [
         f"steps:        {s.committed_steps}/{s.target_steps} committed ({s.status})",
-        f"attempts:     {s.attempts} (world sizes {sizes}), restarts {s.restarts}, injected "
-        f"failures after steps {s.injected_failures or 'none'}",
+        f"attempts:     {s.attempts} (world sizes {sizes}), restarts {s.restarts}, {failures}",
         f"replayed:     {s.replayed_steps} steps re-run after restarts",
-        f"goodput:      {s.goodput:.2f} committed steps/s over {s.wall_s:.1f} s wall "
-        "(launches, restarts and replays included)",
+        f"goodput:      {s.goodput:.2f} committed steps/s over {s.wall_s:.1f} s of the attempts' "
+        "own time (launches, restarts and replays included; idle time between a stop and its "
+        "continuation is not)",
+        f"wall time:    {per_attempt} s per attempt",
         f"checkpoints:  {s.checkpoints} durable, training stall {ms(s.stall_s_median)} median "
         f"({s.stall_s_total:.2f} s total), write {ms(s.write_s_median)} median",
     ]

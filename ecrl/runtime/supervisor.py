@@ -10,8 +10,12 @@ rank 0's step log for progress; when torchrun exits it classifies the exit:
 - injected failure (the failing rank left ``failure.json``) → relaunch;
 - ``fatal.json`` (a problem no restart can fix, e.g. a corrupt checkpoint) → stop, report it;
 - any other exit (a crash) → relaunch, with the tail of ``torchrun.log`` shown;
-- Ctrl-C or SIGTERM → torchrun is stopped (it stops the ranks), the attempt and the run are
-  recorded as ``stopped``; running ``ecrl run`` again with the same ``--out`` continues.
+- Ctrl-C, SIGTERM or SIGHUP (a closed terminal) → torchrun is stopped (it stops the ranks), the
+  attempt and the run are recorded as ``stopped``; ``ecrl run`` again with the same ``--out``
+  continues.
+
+Printing is never a reason to stop: once stdout or stderr is gone (``ecrl run … | head``, a
+closed terminal) the supervisor stops printing to it and goes on supervising.
 
 ``supervisor.json`` is rewritten atomically after every change. The supervisor never edits a
 checkpoint. It does not import torch unless the data set must be read to learn its size.
@@ -75,6 +79,26 @@ _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "targe
                     "model")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
+
+
+def _check_out(given: str, root: Path) -> None:
+    """--out must be a directory, or creatable: checked before anything is written."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {given} is a file, not a directory: choose a new or empty "
+                          "directory")
+    parent = root
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _is_pseudo(parent):
+        raise ConfigError(f"--out {given}: {parent} is not a directory ECRL can create files "
+                          "in: choose a writable place")
+
+
+def _is_pseudo(path: Path) -> bool:
+    """A kernel file system (/proc, /sys) where no run directory can be created."""
+    with contextlib.suppress(OSError):
+        return os.statvfs(path).f_blocks == 0
+    return False
 
 
 def _after_step(step: int | None) -> str:
@@ -229,6 +253,29 @@ class _Outcome:
     """A crash: the failing rank's own exception, from ``torchrun.log``."""
 
 
+@dataclass(slots=True)
+class _Emitter:
+    """Prints lines to stdout or stderr until the stream breaks, then silently drops them."""
+
+    stream: str
+    broken: bool = False
+
+    def __call__(self, line: str) -> None:
+        if self.broken:
+            return
+        handle = sys.stdout if self.stream == "stdout" else sys.stderr
+        try:
+            print(line, file=handle, flush=True)
+        except (OSError, ValueError):  # EPIPE, EIO from a hung-up terminal, a closed file
+            self.broken = True
+            # The interpreter flushes the stream again at exit: let that land in /dev/null
+            # instead of printing "Exception ignored … BrokenPipeError" and exiting 120.
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, handle.fileno())
+                os.close(devnull)
+
+
 class _DiskFull(Exception):
     """The supervisor could not write one of its files: no space, quota, read-only."""
 
@@ -238,14 +285,15 @@ class Supervisor:
     """Runs one ``ecrl run``; :meth:`run` returns the exit code."""
 
     config: RunConfig
-    out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
-    err: Callable[[str], None] = field(
-        default=lambda line: print(line, file=sys.stderr, flush=True))
+    out: Callable[[str], None] = field(default_factory=lambda: _Emitter("stdout"))
+    err: Callable[[str], None] = field(default_factory=lambda: _Emitter("stderr"))
     poll_s: float = 0.25
     name: str = "run"
     """The command, in messages (``ecrl run``, ``ecrl launch``)."""
     program: tuple[str, ...] = ("-m", "ecrl.runtime.trainer")
     """What torchrun runs on every rank (``ecrl launch``: the user's script and its arguments)."""
+    marker: dict[str, Any] = field(default_factory=dict)
+    """Extra keys for a new run's ``run.json`` (``ecrl demo`` marks the directories it owns)."""
     paths: RunPaths = field(init=False)
     manifest: RunManifest = field(init=False)
     state: SupervisorState = field(init=False)
@@ -260,6 +308,7 @@ class Supervisor:
     def _open_run(self) -> bool:
         """Create or reopen the run directory; False when the run is already complete."""
         root = Path(self.config.out).resolve()
+        _check_out(self.config.out, root)
         self.paths = RunPaths.of(root)
         if self.paths.manifest.exists():
             existing = read_json_record(self.paths.manifest, RunManifest)
@@ -285,15 +334,21 @@ class Supervisor:
             config = self.config.to_dict()
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             self._write(self.paths.manifest, self.manifest)
-            self.state = replace(state, attempts=attempts, status="running")
+            self.state = replace(state, attempts=attempts, status="running",
+                                 extra=self._fired_in_stale(state))
             self.out(f"ecrl run: resuming {root} ({_count(len(attempts), 'earlier attempt')})")
         else:
             planned = plan_manifest(self.config)
             if root.exists() and any(root.iterdir()):
                 raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
                                   "a new or empty directory")
-            root.mkdir(parents=True, exist_ok=True)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"--out {self.config.out}: cannot create the directory "
+                                  f"({exc.strerror}): choose a writable place") from None
             self._take_lock()
+            planned = replace(planned, extra={**planned.extra, **self.marker})
             self.manifest = planned
             self._write(self.paths.manifest, planned)
             self.state = SupervisorState(attempts=[], restarts=0, status="running",
@@ -308,6 +363,18 @@ class Supervisor:
         logs = self.paths.rank_logs(a.attempt).values()
         end = max((p.stat().st_mtime for p in logs), default=None)
         return replace(a, status="failed", first_step=first, last_step=last, end_time=end)
+
+    def _fired_in_stale(self, state: SupervisorState) -> dict[str, Any]:
+        """``extra`` with the injected failures that attempts left 'running' fired: a supervisor
+        that died (or could not write supervisor.json) before recording them must not make the
+        same failure fire twice."""
+        fired = list(state.extra.get("injected_failures", []))
+        for a in state.attempts:
+            marker = read_fired(self.paths, a.attempt) if a.status == "running" else None
+            if marker is not None and all(f.get("attempt") != a.attempt for f in fired):
+                fired.append({"attempt": a.attempt, "global_step": marker.global_step,
+                              "rank": marker.rank})
+        return {**state.extra, "injected_failures": fired}
 
     def _take_lock(self) -> None:
         handle = open(self.paths.root / LOCK_FILE, "ab")  # noqa: SIM115 - held for the run
@@ -430,7 +497,10 @@ class Supervisor:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP: the terminal was closed; stop the job cleanly, like Ctrl-C, so that the run is
+        # recorded as stopped and continues later, instead of dying with torchrun orphaned.
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             yield
         finally:

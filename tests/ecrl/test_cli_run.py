@@ -40,7 +40,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
 def test_later_strategies_are_not_built_yet(tmp_path: Path, args: list[str]) -> None:
     out = ecrl("run", "--out", "run", *args, cwd=tmp_path)
     assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "not built yet" in out.stderr
+    assert out.stderr.count("\n") == 1 and "not available in this version" in out.stderr
+    assert "a later issue" not in out.stderr
+    if args[0] == "--strategy":
+        assert "use none, blocking or overlapped" in out.stderr
+    else:
+        assert "--ckpt-every" in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -73,5 +78,5 @@ def test_demo_never_replaces_a_directory_that_is_not_a_run(tmp_path: Path) -> No
     (tmp_path / "demo-run").mkdir()
     (tmp_path / "demo-run" / "notes.txt").write_text("mine")
     out = ecrl("demo", cwd=tmp_path)
-    assert out.returncode == 2 and "is not an ECRL run" in out.stderr
+    assert out.returncode == 2 and "was not created by ecrl demo" in out.stderr
     assert (tmp_path / "demo-run" / "notes.txt").read_text() == "mine"

@@ -48,6 +48,7 @@ def _continue_and_check(out: Path, reference_run: Run, *, resumed_from: int, rea
                         ) -> subprocess.CompletedProcess[str]:
     resumed = ecrl("run", "--out", str(out))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "(1 earlier attempt)" in resumed.stdout
     view = load_run(out)
     assert [a.status for a in view.state.attempts] == ["failed", "completed"]
     assert view.state.attempts[1].resumed_from_step == resumed_from
