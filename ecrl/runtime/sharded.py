@@ -38,6 +38,7 @@ checkpoint (:data:`ecrl.runtime.persist.SHARDED_POINTS`; ``enospc`` fails the pa
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import hashlib
 import io
@@ -50,6 +51,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +251,18 @@ class _Job:
     """Set once stall_s is known (the event line waits for it)."""
 
 
+def _default_timeout() -> timedelta | None:
+    """The training's collective timeout (the default group's), for DCP's own group: a hung
+    peer must end a checkpoint as soon as it ends a step, not after torch's 30 minutes."""
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(Exception):  # private API: without it, torch's default
+            timeout = group._get_backend(torch.device(device)).options._timeout
+            if isinstance(timeout, timedelta):
+                return timeout
+    return None
+
+
 class ShardedCheckpoints(Strategy):
     """``sharded``: every rank writes its part, training waits for the commit."""
 
@@ -268,7 +282,7 @@ class ShardedCheckpoints(Strategy):
         if self._distributed and self._group is None:
             # DCP's own collectives run on a gloo group of their own: its messages never mix with
             # the training's (NCCL or gloo), and the async variant may use it from its thread.
-            self._group = dist.new_group(backend="gloo")
+            self._group = dist.new_group(backend="gloo", timeout=_default_timeout())
 
     def _all_rngs(self) -> list[dict[str, Any]]:
         mine = statepack.rng_state()
