@@ -81,7 +81,8 @@ class Checkpointer:
 
     ``log``: the run's :class:`ecrl.StepLog` (run directory, attempt, data set and seed to check
     checkpoints against); without one, pass ``run_dir``. ``strategy`` (none, blocking,
-    overlapped, sharded, sharded-async: :mod:`ecrl.runtime.registry`), ``every`` (checkpoint after every K-th step; 0: never), ``keep``,
+    overlapped, sharded, sharded-async: :mod:`ecrl.runtime.registry`), ``every`` (checkpoint
+    after every K-th step; 0: never), ``keep``,
     ``max_inflight``, ``fail_at``, ``fail_rank``: used when no supervisor set them.
     """
 

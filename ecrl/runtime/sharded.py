@@ -80,8 +80,8 @@ from ecrl.runtime import statepack
 from ecrl.runtime.persist import CRASH_EXIT_CODE, DISK_FULL_POINT, CrashHook, apply_retention
 from ecrl.runtime.strategies import CheckpointContext, Strategy
 
-__all__ = ["CRASH_RANK_ENV", "ShardedCheckpoints", "AsyncShardedCheckpoints", "shard_name",
-           "load"]
+__all__ = ["CRASH_RANK_ENV", "ShardedSaveFailed", "ShardedCheckpoints",
+           "AsyncShardedCheckpoints", "shard_name", "load"]
 
 CRASH_RANK_ENV = "ECRL_CRASH_RANK"
 
@@ -251,6 +251,10 @@ class _Job:
     """Set once stall_s is known (the event line waits for it)."""
 
 
+class ShardedSaveFailed(RuntimeError):
+    """A sharded save failed for a reason a relaunch can fix (a peer died or hung)."""
+
+
 def _default_timeout() -> timedelta | None:
     """The training's collective timeout (the default group's), for DCP's own group: a hung
     peer must end a checkpoint as soon as it ends a step, not after torch's 30 minutes."""
@@ -366,10 +370,14 @@ class ShardedCheckpoints(Strategy):
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
             problem = _disk_problem(exc)
+            if problem is None:
+                # A peer died or hung during the save: a crash like any other, so the supervisor
+                # relaunches from the last committed checkpoint (not a fatal error).
+                raise ShardedSaveFailed(f"the sharded checkpoint of step {job.step} failed: "
+                                        f"{_first_line(exc)}") from None
             raise CheckpointError(
                 f"writing the sharded checkpoint of step {job.step} failed: "
-                + (f"{problem.strerror or problem} ({problem.filename or tmp})" if problem
-                   else _first_line(exc))) from None
+                f"{problem.strerror or problem} ({problem.filename or tmp})") from None
         everyone = self._gather(mine)
         if ctx.rank != 0:
             return
