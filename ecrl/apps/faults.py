@@ -141,8 +141,9 @@ def cases(*, quick: bool) -> list[FaultCase]:
             FaultCase(name="latest.json dangling", strategy="sharded", kind="latest",
                       damage="dangling", expect="newest"),
         ]
-    out: list[FaultCase] = []
+    per: dict[str, list[FaultCase]] = {}
     for strategy in STRATEGIES:
+        out = per.setdefault(strategy, [])
         for rank in (0, 1):
             out.append(FaultCase(name=f"kill after step 7 (rank {rank})", strategy=strategy,
                                  kind="kill", rank=rank, fail_at=7))
@@ -167,7 +168,10 @@ def cases(*, quick: bool) -> list[FaultCase]:
                                  else "sharded") + ":enospc:2:0"),)))
         out.append(FaultCase(name="hung rank 1 (SIGSTOP)", strategy=strategy, kind="hang",
                              rank=1))
-    return out
+    # Interleaved (one case of each strategy in turn), so that any prefix of the campaign covers
+    # every strategy alike; then in the table, grouped by strategy.
+    width = max(len(v) for v in per.values())
+    return [v[i] for i in range(width) for v in per.values() if i < len(v)]
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -435,15 +439,22 @@ def run_campaign(*, quick: bool, work: Path, jobs: int = 1,
     for strategy in sorted({c.strategy for c in todo if c.kind in ("damage", "latest")}):
         campaign.base(strategy)  # before the pool: bases are shared
 
+    partial = work / "faults.partial.jsonl"
+    partial.unlink(missing_ok=True)
+
     def one(item: tuple[int, FaultCase]) -> CaseResult:
         result = campaign.run_case(*item)
+        with open(partial, "a") as handle:  # results so far survive an interrupted campaign
+            handle.write(json.dumps({"index": item[0], **asdict(result)}) + "\n")
         if progress is not None:
             progress(f"[{item[0] + 1}/{len(todo)}] {result.strategy:13} {result.case}: "
                      f"{result.verdict} ({result.outcome}; {result.checkpoint_used})")
         return result
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, enumerate(todo)))
+        results = list(pool.map(one, enumerate(todo)))
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    return sorted(results, key=lambda r: order.get(r.strategy, len(order)))  # stable
 
 
 def render_markdown(results: Sequence[CaseResult]) -> str:
