@@ -112,3 +112,29 @@ def test_corrupt_part_of_the_newest_checkpoint_falls_back_to_the_earlier_one(
     check_exactly_once(view)
     _verify(out)
     assert _digest(Run(root=out, returncode=0, stdout="", stderr="")) == _digest(reference)
+
+
+@pytest.mark.parametrize(("first", "then", "suffix"), [("blocking", "sharded", ".ckpt"),
+                                                       ("sharded", "sharded-async", ".dcp"),
+                                                       ("sharded", "blocking", ".dcp")])
+def test_a_run_continued_with_another_strategy_loads_the_other_format(
+        runs: RunCache, tmp_path: Path, first: str, then: str, suffix: str) -> None:
+    stopped = runs.get(f"shd-{first}-stopped-13", [*BASE, "--world-sizes", "2", "--strategy",
+                                                   first, "--fail-at", "13",
+                                                   "--max-restarts", "0"])
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    reference = _completed(runs, "shd-blocking-2", "--world-sizes", "2", "--strategy",
+                           "blocking")
+    out = tmp_path / "run"
+    shutil.copytree(stopped.root, out, ignore=shutil.ignore_patterns(".supervisor.lock"))
+    resumed = ecrl("run", "--out", str(out), "--strategy", then)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    view = load_run(out)
+    assert view.state.attempts[1].resumed_from_step == 11
+    assert view.state.extra["resume_points"]["1"]["path"] == f"step-00000011{suffix}"
+    events = [json.loads(line) for line in
+              (out / "logs" / "attempt-001" / "checkpoint_rank0.jsonl").open()]
+    assert events and {e["strategy"] for e in events} == {then}
+    check_exactly_once(view)
+    _verify(out)
+    assert _digest(Run(root=out, returncode=0, stdout="", stderr="")) == _digest(reference)
