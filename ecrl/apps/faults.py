@@ -54,6 +54,8 @@ BASE = ["--dataset-size", "256", "--global-batch", "8", "--steps", str(STEPS), "
 STOP_AT = 10
 """Damage cases start from a run stopped after this step: checkpoints 5 and 8 kept."""
 HANG_TIMEOUT_S = 8
+NO_CHECKPOINT_LEFT = "no valid checkpoint is left"
+"""The supervisor's refusal when committed progress has no valid checkpoint (persist.py)."""
 CASE_TIMEOUT_S = 420
 
 _FILE_CRASH_POINTS = ("before-write", "before-fsync", "before-rename", "before-dir-fsync", "done")
@@ -312,10 +314,11 @@ def _damage(root: Path, case: FaultCase) -> None:
                                           "checksum")},
                 "path": f"step-{STEPS - 1:08d}{suffix}", "global_step": STEPS - 1}))
         else:  # stale: the previous checkpoint, a whole and valid one
-            older = sorted(p.name for p in checkpoints.iterdir()
-                           if p.name.startswith("step-") and p.name != latest["path"])[-1]
-            from ecrl.runtime.persist import read_checkpoint
+            from ecrl.runtime.persist import checkpoint_step, read_checkpoint
 
+            older = sorted(p.name for p in checkpoints.iterdir()
+                           if (s := checkpoint_step(p.name)) is not None
+                           and s < latest["global_step"])[-1]
             checked = read_checkpoint(checkpoints / older)
             step = int(checked.meta["global_step"])
             epoch, cursor = Geometry(dataset_size=256, global_batch=8).locate(step)
@@ -350,8 +353,11 @@ class _Campaign:
         if strategy not in self.bases:
             root = self.work / "bases" / strategy
             shutil.rmtree(root, ignore_errors=True)
+            # --max-inflight 1: a background writer is at most one checkpoint behind (the next
+            # boundary waits for it), so the stopped run has an earlier committed checkpoint to
+            # fall back to, whatever the machine's load.
             _ecrl_run(root, [*BASE, "--strategy", strategy, "--fail-at", str(STOP_AT),
-                             "--max-restarts", "0"])
+                             "--max-restarts", "0", "--max-inflight", "1"])
             self.bases[strategy] = root
         return self.bases[strategy]
 
@@ -372,10 +378,13 @@ class _Campaign:
             args += ["--collective-timeout-s", str(HANG_TIMEOUT_S)]
             watch = _signal_rank_at(case.rank, 6, signal.SIGSTOP)
         expect: int | None = None
+        refusal_ok = False
         if case.kind in ("damage", "latest"):
             shutil.copytree(self.base(case.strategy), root,
                             ignore=shutil.ignore_patterns(".supervisor.lock"))
             expect = _expected(root, case.expect)
+            # No earlier checkpoint to fall back to: the one right answer is the refusal.
+            refusal_ok = expect is None
             _damage(root, case)
             code, err = _ecrl_run(root, [])
         else:
@@ -393,18 +402,20 @@ class _Campaign:
             load_latest_verified(RunPaths.of(root), pointer)  # raises if damaged
             outcome = f"refused ({refusal.split('error: ', 1)[-1][:60]}…), continued: "
             code, err = _ecrl_run(root, [])  # space freed: the same command again
+        if refusal_ok and code != 0 and NO_CHECKPOINT_LEFT in _error_line(err):
+            return self._result(case, root, t0, code, err, refused=True)
         return self._result(case, root, t0, code, err, prefix=outcome, expect=expect)
 
     def _result(self, case: FaultCase, root: Path, t0: float, code: int, err: str, *,
-                prefix: str = "", unsafe: str | None = None, expect: int | None = None
-                ) -> CaseResult:
+                prefix: str = "", unsafe: str | None = None, expect: int | None = None,
+                refused: bool = False) -> CaseResult:
         used, replayed = "—", None
         steps: list[int] = []
         with contextlib.suppress(OSError, ValueError, KeyError):
             state = _state(root)
             used, steps = _used(state)
             replayed = _replayed(state)
-        if unsafe is None:
+        if not refused and unsafe is None:
             if code != 0:
                 unsafe = f"run ended with exit {code}: {_error_line(err) or err.strip()[-200:]}"
             else:
@@ -416,7 +427,8 @@ class _Campaign:
                 elif expect is not None and (not steps or steps[-1] != expect):
                     unsafe = (f"resumed from {steps[-1] if steps else 'nothing'}, expected the "
                               f"newest valid checkpoint, step {expect}")
-        outcome = prefix + ("completed" if code == 0 else f"exit {code}")
+        outcome = (f"refused: no valid checkpoint left (exit {code})" if refused
+                   else prefix + ("completed" if code == 0 else f"exit {code}"))
         return CaseResult(case=case.name, strategy=case.strategy, outcome=outcome,
                           checkpoint_used=used, replayed=replayed,
                           verdict="safe" if unsafe is None else "UNSAFE",
