@@ -2,8 +2,7 @@
 
     ecrl launch --out runs/example --world-sizes 2,1 --fail-at 9,21 --ckpt-every 4 \
         -- python docs/examples/ddp_train.py --steps 30
-    ecrl-verify runs/example
-"""
+    ecrl-verify runs/example"""
 
 from __future__ import annotations
 
@@ -73,6 +72,7 @@ def main() -> None:
     log.close()
     if dist.get_rank() == 0:
         torch.save(net.state_dict(), log.paths.root / "final.pt")
+    dist.barrier()  # gloo aborts a rank that leaves while a peer still talks to it
     dist.destroy_process_group()
 
 

@@ -29,8 +29,12 @@ from torch.utils.data import Sampler
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
 from ecrl.runtime._attempt import dist_rank_world, install_error_hook
+from ecrl.runtime.sampler import check_state
 
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
+
+
+_ISSUED_LIMIT = 4096
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -56,6 +60,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = False
         self._pending: str | None = None
         self._on_start: Callable[[], None] | None = None
+        self._issued: dict[int, tuple[int, int]] = {}
+        """(count, hash) of the shards handed out and not yet logged (see :meth:`expected`)."""
 
     # --- geometry --------------------------------------------------------------------------------
 
@@ -83,8 +89,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     # --- iteration -------------------------------------------------------------------------------
 
-    def expect_state(self, reason: str) -> None:
-        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending)."""
+    def expect_state(self, reason: str | None) -> None:
+        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending, for
+        ``reason``); None lifts the refusal (there was nothing to resume from)."""
         self._pending = reason
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -105,6 +112,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 return
             if not self._tracked:
                 self._next = step + 1
+            if len(self._issued) >= _ISSUED_LIMIT:
+                self._issued.pop(next(iter(self._issued)))
+            self._issued[step] = (int(ids.size), semantics.ids_hash(ids))
             yield ids.tolist()
 
     def __len__(self) -> int:
@@ -129,6 +139,15 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = True
         self._next = int(step) + 1
 
+    def expected(self, step: int) -> tuple[int, int]:
+        """(count, multiset hash) of this rank's shard of ``step``: remembered from iteration
+        when this sampler handed it out, else computed."""
+        found = self._issued.pop(step, None)
+        if found is not None:
+            return found
+        ids = self.shard_of(step)
+        return int(ids.size), semantics.ids_hash(ids)
+
     def shard_of(self, step: int) -> Any:
         """This rank's IDs of global step ``step`` (int64 array): what the batch should hold."""
         return semantics.shard(self.geometry, self.seed, step, self.rank, self.world_size)
@@ -142,15 +161,6 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from a saved position; its data set size, global batch and seed must be
         this sampler's."""
-        state = semantics.SamplerState.from_dict(state_dict)
-        if state.geometry != self.geometry or state.seed != self.seed:
-            raise SemanticsError(
-                f"the saved sampler state was built for D={state.geometry.dataset_size}, "
-                f"B={state.geometry.global_batch}, seed={state.seed}, this sampler has "
-                f"D={self.geometry.dataset_size}, B={self.geometry.global_batch}, "
-                f"seed={self.seed}: resume with the run's own data set, batch and seed, or start "
-                "a new run directory"
-            )
+        state = check_state(state_dict, self.geometry, self.seed)
         self._next = state.global_step
-        self._tracked = True
         self._pending = None

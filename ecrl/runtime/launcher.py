@@ -193,9 +193,12 @@ class LaunchSupervisor(Supervisor):
             if not self.program:
                 raise ConfigError("ecrl launch: name the script to run, e.g. `ecrl launch --out "
                                   "DIR -- python train.py`")
-            if self.node_rank == 0 and root.exists() and any(root.iterdir()):
-                raise ConfigError(f"--out {root} exists and is not an ecrl launch run: choose a "
-                                  "new or empty directory")
+            foreign = sorted(entry.name for entry in root.iterdir()
+                             if not (self.config.nnodes > 1 and _another_nodes(entry.name))
+                             ) if root.exists() else []
+            if foreign:
+                raise ConfigError(f"--out {root} exists and is not an ecrl launch run (it holds "
+                                  f"{foreign[0]}): choose a new or empty directory")
             root.mkdir(parents=True, exist_ok=True)
             self._take_lock()
             self.state = SupervisorState(attempts=[], restarts=0, status="running", extra={
@@ -238,6 +241,23 @@ class LaunchSupervisor(Supervisor):
         self._refresh_manifest()
         return code
 
+    def _attempt(self, pointer: Any) -> Any:
+        outcome = Supervisor._attempt(self, pointer)
+        target = self.manifest.target_steps
+        if (outcome.status == "failed" and outcome.fatal is None and outcome.fired is None
+                and target and outcome.last_step == target - 1):
+            # Every rank logged the last step, then a rank died on its way out (gloo aborts a
+            # process that leaves while a peer still talks to it). The training is done, and
+            # every node's supervisor sees the same logs: call it complete on all of them,
+            # rather than relaunch on one node while the other has finished.
+            self.err(f"[attempt {outcome.attempt}] torchrun exited {outcome.exit_code} after the "
+                     "run's last step was logged by every rank; the run is complete")
+            outcome = replace(outcome, status="completed")
+            last = replace(self.state.attempts[-1], status="completed")
+            self.state = replace(self.state, attempts=[*self.state.attempts[:-1], last])
+            self._save()
+        return outcome
+
     def _conclude(self, outcome: Any, relaunches: int) -> int | None:
         if outcome.status == "failed" and outcome.exit_code == 0 and outcome.fatal is None:
             # The script ended normally short of its target: relaunching would do the same.
@@ -257,6 +277,12 @@ class LaunchSupervisor(Supervisor):
                      f"(run directory {self.paths.root})")
             return
         Supervisor._print_summary(self)
+
+
+def _another_nodes(name: str) -> bool:
+    """What the other nodes' supervisors may have created before this one started."""
+    # Their state files, locks and the temporaries of atomic writes; the logs folder.
+    return name == "logs" or name.startswith(("supervisor", ".supervisor"))
 
 
 def run_launch(config: RunConfig, program: Sequence[str], *, node_rank: int = 0) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -148,6 +148,13 @@ class StepLog:
         self._writer: JsonlWriter | None = None
         self._last: int | None = None
 
+    def declare_checkpointing(self, *, strategy: str, every: int, fail_at: Sequence[int]
+                              ) -> None:
+        """What ``run.json`` says about checkpoints and failures when no supervisor set them
+        (:class:`ecrl.Checkpointer` calls this)."""
+        self._checkpointing = {"strategy": strategy, "ckpt_every": every,
+                               "fail_at": sorted(set(fail_at))}
+
     # --- run.json --------------------------------------------------------------------------------
 
     def _planned(self) -> RunManifest:
@@ -216,6 +223,7 @@ class StepLog:
                 f"step {step} logged {how} (rank {self.rank}, attempt {self.attempt}): call "
                 "log.step once per step, with increasing global steps")
         ids = _as_ids(sample_ids)
+        digest = semantics.ids_hash(ids)
         if self.sampler is not None:
             e, c = self.geometry.locate(step)
             if (epoch is not None and epoch != e) or (cursor_step is not None and cursor_step != c):
@@ -224,15 +232,12 @@ class StepLog:
                     f"({epoch}, {cursor_step}): leave epoch/cursor_step out with "
                     "GlobalBatchSampler")
             epoch, cursor_step = e, c
-            if self.check_ids:
-                expected = self.sampler.shard_of(step)
-                if ids.size != expected.size or semantics.ids_hash(ids) != semantics.ids_hash(
-                        expected):
-                    raise SemanticsError(
-                        f"the batch logged as step {step} (rank {self.rank}) does not hold the "
-                        f"IDs the sampler scheduled for that step: the loop's step counter and "
-                        f"the data loader are out of step (start the loop at "
-                        f"Checkpointer.restore()'s step, one batch per step)")
+            if self.check_ids and self.sampler.expected(step) != (int(ids.size), digest):
+                raise SemanticsError(
+                    f"the batch logged as step {step} (rank {self.rank}) does not hold the IDs "
+                    "the sampler scheduled for that step: the loop's step counter and the data "
+                    "loader are out of step (start the loop at Checkpointer.restore()'s step, "
+                    "one batch per step)")
         elif epoch is None or cursor_step is None:
             raise ConfigError("with an external sampler, log.step needs epoch= and cursor_step= "
                               "from your loop")
@@ -243,7 +248,7 @@ class StepLog:
             attempt=self.attempt, global_step=step, epoch=int(epoch),
             cursor_step=int(cursor_step), rank=self.rank, world_size=self.world_size,
             local_batch=self.local_batch or max(1, int(ids.size)), sample_ids_count=int(ids.size),
-            sample_ids_hash=semantics.format_hash(semantics.ids_hash(ids)),
+            sample_ids_hash=semantics.format_hash(digest),
             loss=_as_loss(loss), time=time.time(),
             sample_ids=ids.tolist() if self.log_ids else None, extra=extra))
         self._last = step

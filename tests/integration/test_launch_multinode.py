@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,15 @@ def test_two_nodes_relaunch_together_and_verify(tmp_path: Path) -> None:
                "--steps", "20", "--workers", "0"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env=dict(os.environ)))
-    outputs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break  # one node gave up: the other would wait for its rendezvous partner forever
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    outputs = [p.communicate()[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
 
     primary = json.loads((out / "supervisor.json").read_text())

@@ -18,5 +18,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "verify": ("ecrl.apps.bench.verify", "ecrl-verify vs the raw JSON parse of the same logs"),
     "schedule": ("ecrl.apps.bench.schedule", "exact fast schedulers vs the naive CheckHint DP"),
     "transform": ("ecrl.apps.bench.transform", "transformed training program vs the original"),
+    "library": ("ecrl.apps.bench.library",
+                "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
 }
 """name -> (module, one-line description)."""

@@ -1,0 +1,119 @@
+"""``ecrl bench library``: what the library API costs a training loop, measured side by side.
+
+- the step log and the ID-carrying wrapper on the tiny CNN: one training step with
+  ``StepLog.step`` (IDs checked against the sampler and written) and the batch coming through
+  ``WithSampleIds``, against the same step without either;
+- ``GlobalBatchSampler`` feeding a ``DataLoader`` (``num_workers`` 0 and 2) against torch's
+  ``DistributedSampler`` with ``batch_size``, over the same data set, in the same process.
+
+Both sides of a row run alternately in one process, so their ratio holds on a loaded machine;
+the absolute figures do not. Single rank (no process group): the library's per-step work does not
+depend on the world size.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+
+BATCH = 32
+DATASET = 4096
+
+
+def _loader_rate(loader: Any, batches: int) -> float:
+    """Batches per second over ``batches`` batches (after the first, which pays start-up)."""
+    it = iter(loader)
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches / (time.perf_counter() - t0)
+
+
+def run(*, quick: bool, progress: Progress) -> BenchResult:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import ecrl
+    from ecrl.runtime.datasets import GeneratedDataset
+    from ecrl.runtime.models import build_model
+
+    torch.set_num_threads(1)
+    steps = 30 if quick else 300
+    data = GeneratedDataset(size=DATASET)
+
+    class Items(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+        def __len__(self) -> int:
+            return len(data)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            x, y, _ = data[i]
+            return x, y
+
+    items = Items()
+    model = build_model("tiny-cnn", num_classes=data.num_classes, side=32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    progress(f"tiny CNN, {steps} steps with and without the step log and the ID wrapper")
+    with tempfile.TemporaryDirectory(prefix="ecrl-bench-library-") as tmp:
+        sampler = ecrl.GlobalBatchSampler(DATASET, BATCH, seed=0)
+        log = ecrl.StepLog(tmp, sampler=sampler, steps=10**9, log_ids=True)
+        plain = iter(DataLoader(items, batch_sampler=ecrl.GlobalBatchSampler(DATASET, BATCH)))
+        wrapped = iter(DataLoader(ecrl.WithSampleIds(items), batch_sampler=sampler))
+        with_api: list[float] = []
+        without: list[float] = []
+        for step in range(steps):  # alternate, so that drift hits both sides alike
+            t0 = time.perf_counter()
+            x, y = next(plain)
+            train(x, y)
+            without.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ids, (x, y) = next(wrapped)
+            loss = train(x, y)
+            log.step(step, sample_ids=ids, loss=loss)
+            with_api.append(time.perf_counter() - t0)
+        log.close()
+    with_api.sort()
+    without.sort()
+    ours, base = with_api[len(with_api) // 2], without[len(without) // 2]
+    rows = [BenchRow(
+        candidate="step + WithSampleIds + StepLog.step", alternative="step alone",
+        metric="seconds per training step, tiny CNN, B=32, 1 thread (lower is better)",
+        candidate_value=ours, alternative_value=base)]
+
+    batches = 50 if quick else 400
+    for workers in (0, 2):
+        progress(f"sampler feeding a DataLoader, num_workers={workers}")
+        ecrl_loader = DataLoader(items, batch_sampler=ecrl.GlobalBatchSampler(DATASET, BATCH),
+                                 num_workers=workers)
+        torch_loader = DataLoader(items, batch_size=BATCH, num_workers=workers, drop_last=True,
+                                  sampler=DistributedSampler(items, num_replicas=1, rank=0))
+        # Two rounds each, alternating; the better round of each (start-up noise aside).
+        ours_rate = max(_loader_rate(ecrl_loader, batches), _loader_rate(ecrl_loader, batches))
+        theirs = max(_loader_rate(torch_loader, batches), _loader_rate(torch_loader, batches))
+        rows.append(BenchRow(
+            candidate="GlobalBatchSampler", alternative="DistributedSampler",
+            metric=f"batches/s through DataLoader(num_workers={workers}), B=32 "
+                   "(higher is better)",
+            candidate_value=ours_rate, alternative_value=theirs))
+    overhead = ours / base - 1.0
+    targets = [Target(description="step log + ID wrapper overhead at most 1% of a step",
+                      measured=f"{overhead * 100:+.1f}%", met=overhead <= 0.01)]
+    for row in rows[1:]:
+        targets.append(Target(description=f"sampler throughput ≥ DistributedSampler's "
+                                          f"({row.metric.split('(')[1].split(')')[0]})",
+                              measured=f"ratio {row.ratio:.2f}",
+                              met=(row.ratio or 0.0) >= 1.0))
+    return BenchResult(name="library", command=command_line(), rows=rows, targets=targets,
+                       notes=["single rank; both sides alternate in one process"])
