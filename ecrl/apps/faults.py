@@ -394,12 +394,18 @@ class _Campaign:
             if code == 0 or not refusal:
                 return self._result(case, root, t0, code, err,
                                     unsafe="the full disk was not refused")
-            from ecrl.runtime.persist import load_latest_verified, read_latest
+            from ecrl.contract.ckptfile import CheckpointError
+            from ecrl.runtime.persist import read_checkpoint, read_latest
 
-            pointer = read_latest(RunPaths.of(root))
+            paths = RunPaths.of(root)
+            pointer = read_latest(paths)
             if pointer is None:
                 return self._result(case, root, t0, code, err, unsafe="no checkpoint left")
-            load_latest_verified(RunPaths.of(root), pointer)  # raises if damaged
+            try:  # the full disk must have left latest.json naming a whole checkpoint
+                read_checkpoint(paths.checkpoints / pointer.path,
+                                expected_checksum=pointer.checksum)
+            except CheckpointError as exc:
+                return self._result(case, root, t0, code, err, unsafe=str(exc))
             outcome = f"refused ({refusal.split('error: ', 1)[-1][:60]}…), continued: "
             code, err = _ecrl_run(root, [])  # space freed: the same command again
         if refusal_ok and code != 0 and NO_CHECKPOINT_LEFT in _error_line(err):

@@ -175,8 +175,8 @@ def fatal_reason(exc: BaseException, where: object = None) -> str | None:
                     f"of {gpu.group(3)} {gpu.group(4)}: use a smaller model, batch or image size")
     if type(exc).__name__ in _BAD_DATA or (
             isinstance(exc, OSError) and "image file" in text):  # PIL: truncated, broken data
-        return f"a data file cannot be read: {line} (fix or remove the file, then run the same " \
-               "command again)"
+        return f"a data file cannot be read: {line} (repair the file, then run the same command " \
+               "again; removing it changes the data set, which needs a new --out)"
     return None
 
 

@@ -70,7 +70,6 @@ __all__ = [
     "checkpoint_step",
     "commit_checkpoint",
     "read_latest",
-    "load_latest_verified",
     "read_checkpoint",
     "SHARDED_POINTS",
     "apply_retention",
@@ -232,19 +231,6 @@ def read_checkpoint(path: Path, *, expected_checksum: str | None = None
     if path.name.endswith(SHARD_SUFFIX):
         return read_verified_shards(path, expected_checksum=expected_checksum)
     return read_verified(path, expected_checksum=expected_checksum)
-
-
-def load_latest_verified(paths: RunPaths, pointer: LatestPointer
-                         ) -> VerifiedCheckpoint | VerifiedShards:
-    """Read and verify the checkpoint ``pointer`` names; a problem is a CheckpointError."""
-    try:
-        return read_checkpoint(paths.checkpoints / pointer.path,
-                               expected_checksum=pointer.checksum)
-    except CheckpointError as exc:
-        raise CheckpointError(
-            f"{exc} (named by {paths.latest}; ECRL never loads such a checkpoint: restore the "
-            "file, or start a new run with another --out)"
-        ) from None
 
 
 def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str]:

@@ -78,6 +78,7 @@ LOCK_FILE = ".supervisor.lock"
 # format; each checkpoint event names the strategy that wrote it).
 _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps",
                     "permutation", "log_ids", "ckpt_every", "fail_at", "world_sizes", "model")
+_DEFINING_SETTINGS = ("image_size", "lr")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
 
@@ -148,7 +149,13 @@ def plan_manifest(config: RunConfig) -> RunManifest:
 
 def _check_same_run(existing: RunManifest, planned: RunManifest, out: Path) -> None:
     old, new = existing.to_dict(), planned.to_dict()
-    for key in _SEMANTIC_FIELDS:
+    # Settings kept only in the stored configuration that still define what is trained: another
+    # image size changes the model's input (and the tiny CNN's shape), another lr the updates.
+    old_config, new_config = existing.extra.get("config", {}), planned.extra.get("config", {})
+    for key in _DEFINING_SETTINGS:
+        if key in old_config:
+            old[key], new[key] = old_config[key], new_config.get(key)
+    for key in (*_SEMANTIC_FIELDS, *_DEFINING_SETTINGS):
         if old.get(key) != new.get(key):
             flag = _FLAG_OF.get(key, "--" + key.replace("_", "-"))
             raise ConfigError(

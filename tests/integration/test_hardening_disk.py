@@ -138,3 +138,26 @@ def test_supervisor_json_that_cannot_be_written_keeps_its_previous_version(
     assert [a.status for a in view.state.attempts] == ["failed", "completed"]
     check_exactly_once(view)
     _verify(out)
+
+
+@pytest.mark.parametrize("strategy", ["blocking", "overlapped"])
+def test_injected_enospc_at_the_checkpoint_write(tmp_path: Path, strategy: str) -> None:
+    """The same, where no tmpfs can be mounted: the 3rd checkpoint write gets ENOSPC after its
+    bytes reached the temporary file (attempt 0 only)."""
+    out = tmp_path / "run"
+    result = ecrl("run", "--out", str(out), *ARGS, "--strategy", strategy,
+                  env={"ECRL_CRASH_AT": "checkpoint:enospc:3:0"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ecrl run: error")]
+    assert len(errors) == 1, result.stderr
+    assert f"no space left on device: {out / 'checkpoints' / 'step-00000011.ckpt'}" in errors[0]
+    state = json.loads((out / "supervisor.json").read_text())
+    assert state["status"] == "failed" and len(state["attempts"]) == 1
+    pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert pointer["global_step"] == 7  # the half-written step 11 was never published
+    _latest_is_whole(out)
+    _no_temporaries(out)
+    resumed = ecrl("run", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    check_exactly_once(load_run(out))
+    _verify(out)
