@@ -141,6 +141,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out=args.out)
 
 
+def _cmd_faults(args: argparse.Namespace) -> int:
+    from ecrl.apps.faults import main as faults_main
+
+    return faults_main(quick=args.quick, out=args.out, jobs=args.jobs, fmt=args.format)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ecrl.apps.bench import BENCHES
     from ecrl.apps.bench._common import render_json, render_text, write_docs_section
@@ -252,6 +258,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(see docs/library.md).")
     _add_launch_flags(launch)
     launch.set_defaults(func=_cmd_launch)
+
+    faults = sub.add_parser(
+        "faults", help="the crash campaign: every fault case, its outcome and verdict",
+        description="Kill ranks at every phase of a step and of the checkpoint protocol, "
+        "damage checkpoints and latest.json, fill the disk, hang a rank; each case must end "
+        "in a run ecrl-verify passes or a clear refusal (docs/faults.md).")
+    faults.add_argument("--quick", action="store_true", help="a small subset (a few minutes)")
+    faults.add_argument("--out", metavar="DIR", default="faults-campaign",
+                        help="work directory: runs, faults.json, faults.md (default "
+                        "./faults-campaign)")
+    faults.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="cases run at once (default 1)")
+    faults.add_argument("--format", choices=["markdown", "json"], default="markdown")
+    faults.set_defaults(func=_cmd_faults)
 
     matrix = sub.add_parser(
         "matrix", help="the experiment matrix (suites × variants), resume-safe",

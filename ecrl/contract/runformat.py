@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-STRATEGIES = ("none", "blocking", "overlapped", "sharded", "jit")
+STRATEGIES = ("none", "blocking", "overlapped", "sharded", "sharded-async", "jit")
 """Checkpoint strategies a manifest may name (the runtime builds the first three so far)."""
 SAMPLER_KINDS = ("ecrl", "external")
 """``run.json`` ``sampler.kind``: ECRL's own order, or one the verifier can only audit."""

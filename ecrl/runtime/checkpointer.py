@@ -45,9 +45,10 @@ import torch.distributed as dist
 
 from ecrl import __version__
 from ecrl.contract.atomicio import atomic_write_text
-from ecrl.contract.ckptfile import CheckpointError, read_verified
+from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.semantics import Geometry, mix64_int
+from ecrl.contract.shardfile import VerifiedShards
 from ecrl.runtime import statepack
 from ecrl.runtime._attempt import Attempt, resolve_attempt
 from ecrl.runtime.batch_sampler import GlobalBatchSampler
@@ -61,7 +62,7 @@ from ecrl.runtime.deadline import (
 )
 from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
 from ecrl.runtime.jit import JitCheckpoints, exit_after_rescue
-from ecrl.runtime.persist import clean_temporaries, read_latest
+from ecrl.runtime.persist import clean_temporaries, read_checkpoint, read_latest
 from ecrl.runtime.registry import built_strategies
 from ecrl.runtime.steplog import StepLog
 from ecrl.runtime.strategies import (
@@ -107,7 +108,8 @@ class Checkpointer:
 
     ``log``: the run's :class:`ecrl.StepLog` (run directory, attempt, data set and seed to check
     checkpoints against); without one, pass ``run_dir``. ``strategy`` (none, blocking,
-    overlapped), ``every`` (checkpoint after every K-th step; 0: never), ``keep``,
+    overlapped, sharded, sharded-async, jit: :mod:`ecrl.runtime.registry`), ``every``
+    (checkpoint after every K-th step; 0: never), ``keep``,
     ``max_inflight``, ``fail_at``, ``fail_rank``, ``deadline`` (Unix time, or a string
     :func:`ecrl.runtime.deadline.parse_deadline` reads; default ``SLURM_JOB_END_TIME``),
     ``hang_timeout`` (seconds; None: derived; 0: off): used when no supervisor set them.
@@ -264,7 +266,9 @@ class Checkpointer:
             self._start_guards(0)
             return 0
         step, path, checksum = point
-        ckpt = read_verified(checkpoints / path, expected_checksum=checksum or None)
+        # Either format, whatever this attempt's strategy: a run may change strategy between
+        # attempts (a .ckpt file of rank 0, or a sharded .dcp directory).
+        ckpt = read_checkpoint(checkpoints / path, expected_checksum=checksum or None)
         meta = ckpt.meta
         if meta.get("global_step") != step:
             raise CheckpointError(f"{ckpt.path}: holds step {meta.get('global_step')}, "
@@ -278,7 +282,12 @@ class Checkpointer:
                     f"{ckpt.path}: written by a run with {key}={meta[key]!r}, this run has "
                     f"{key}={value!r}: it does not belong to this run (use a new run directory, "
                     "or the settings it was written with)")
-        saved = statepack.decode(ckpt)
+        if isinstance(ckpt, VerifiedShards):
+            from ecrl.runtime import sharded  # DCP is imported only by runs that use it
+
+            saved = sharded.load(ckpt)
+        else:
+            saved = statepack.decode(ckpt)
         keys = sorted(k for k in saved if k != RNG_KEY)
         if keys != sorted(self.state):
             raise CheckpointError(

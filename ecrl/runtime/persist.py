@@ -31,6 +31,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from ecrl.contract.atomicio import CRASH_POINTS, atomic_write_bytes
 from ecrl.contract.ckptfile import (
     FOOTER_SIZE,
     CheckpointError,
+    VerifiedCheckpoint,
     read_verified,
     seal,
 )
@@ -52,6 +54,8 @@ from ecrl.contract.runformat import (
     read_json_record,
     write_json_record,
 )
+from ecrl.contract.shardfile import SUFFIX as SHARD_SUFFIX
+from ecrl.contract.shardfile import VerifiedShards, read_verified_shards
 
 __all__ = [
     "CRASH_ENV",
@@ -66,6 +70,8 @@ __all__ = [
     "checkpoint_step",
     "commit_checkpoint",
     "read_latest",
+    "read_checkpoint",
+    "SHARDED_POINTS",
     "apply_retention",
     "clean_temporaries",
 ]
@@ -76,11 +82,15 @@ CRASH_ENV = "ECRL_CRASH_AT"
 attempt ATTEMPT. ``POINT`` ``enospc`` fails that write with ``OSError(ENOSPC)`` after part of it
 reached the temporary file, as a full disk does, instead of killing the process."""
 CRASH_EXIT_CODE = 137
-CRASH_TARGETS = ("checkpoint", "latest", "supervisor")
+CRASH_TARGETS = ("checkpoint", "latest", "supervisor", "sharded")
 DISK_FULL_POINT = "enospc"
 MIN_KEEP = 2
 """Retention never keeps fewer checkpoints: the fallback needs an earlier one."""
-_NAME = re.compile(r"^step-(\d{8,})\.ckpt$")
+SHARDED_POINTS = ("before-parts", "after-parts", "during-metadata", "after-metadata",
+                  "before-rename", "before-pointer", "after-pointer", "during-persist")
+"""Crash points of the ``sharded`` target (:mod:`ecrl.runtime.sharded`), in protocol order."""
+# ``.dcp``: a sharded checkpoint directory (ecrl.contract.shardfile).
+_NAME = re.compile(r"^step-(\d{8,})\.(?:ckpt|dcp)$")
 
 
 def checkpoint_name(global_step: int) -> str:
@@ -106,11 +116,11 @@ class CrashHook:
             return
         parts = spec.split(":")
         if not 2 <= len(parts) <= 4 or parts[0] not in CRASH_TARGETS \
-                or parts[1] not in (*CRASH_POINTS, DISK_FULL_POINT) \
+                or parts[1] not in (*CRASH_POINTS, DISK_FULL_POINT, *SHARDED_POINTS) \
                 or not all(p.isdigit() for p in parts[2:]):
             raise ValueError(
                 f"{CRASH_ENV}={spec!r}: expected TARGET:POINT[:N[:ATTEMPT]] with TARGET in "
-                f"{CRASH_TARGETS} and POINT in {(*CRASH_POINTS, DISK_FULL_POINT)}"
+                f"{CRASH_TARGETS} and POINT in {(*CRASH_POINTS, DISK_FULL_POINT, *SHARDED_POINTS)}"
             )
         if len(parts) == 4 and attempt != int(parts[3]):
             return
@@ -214,6 +224,15 @@ def read_latest(paths: RunPaths) -> LatestPointer | None:
     return read_json_record(paths.latest, LatestPointer)
 
 
+def read_checkpoint(path: Path, *, expected_checksum: str | None = None
+                    ) -> VerifiedCheckpoint | VerifiedShards:
+    """Verify a checkpoint of either format: a ``.ckpt`` file, or a sharded ``.dcp`` directory
+    (its manifest and every part)."""
+    if path.name.endswith(SHARD_SUFFIX):
+        return read_verified_shards(path, expected_checksum=expected_checksum)
+    return read_verified(path, expected_checksum=expected_checksum)
+
+
 def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str]:
     """Delete checkpoints older than the newest ``keep`` at or before ``latest_step``.
 
@@ -227,9 +246,16 @@ def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str
     )
     removed = []
     for _, name in steps[: max(0, len(steps) - max(keep, MIN_KEEP))]:
-        (directory / name).unlink(missing_ok=True)
+        _remove(directory / name)
         removed.append(name)
     return removed
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)  # a sharded checkpoint, or its temporary
+    else:
+        path.unlink(missing_ok=True)
 
 
 def clean_temporaries(directory: Path) -> list[str]:
@@ -238,7 +264,7 @@ def clean_temporaries(directory: Path) -> list[str]:
     if directory.is_dir():
         for entry in directory.iterdir():
             if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                entry.unlink(missing_ok=True)
+                _remove(entry)
                 removed.append(entry.name)
     return removed
 
@@ -294,8 +320,8 @@ class ResumeChoice:
 def _pointer_problem(paths: RunPaths, pointer: LatestPointer) -> str | None:
     """Why the checkpoint ``pointer`` names cannot be used; None when it verifies."""
     try:
-        checked = read_verified(paths.checkpoints / pointer.path,
-                                expected_checksum=pointer.checksum)
+        checked = read_checkpoint(paths.checkpoints / pointer.path,
+                                  expected_checksum=pointer.checksum)
     except CheckpointError as exc:
         return str(exc)
     if checked.meta.get("global_step") != pointer.global_step:
@@ -343,7 +369,7 @@ def choose_resume(paths: RunPaths, *, locate: Callable[[int], tuple[int, int]],
         if step not in recorded:
             continue  # written by an attempt that died before committing it
         try:
-            checked = read_verified(paths.checkpoints / name)
+            checked = read_checkpoint(paths.checkpoints / name)
         except CheckpointError as exc:
             rejected.append(str(exc))
             continue

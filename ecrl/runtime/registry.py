@@ -53,7 +53,12 @@ register_strategy("blocking", "ecrl.runtime.strategies:BlockingCheckpoints",
                   summary="training waits while rank 0 writes the checkpoint")
 register_strategy("overlapped", "ecrl.runtime.strategies:OverlappedCheckpoints",
                   summary="rank 0 copies the state; a background process writes it")
-register_strategy("sharded", None, summary="every rank writes its part (not built yet)")
+register_strategy("sharded", "ecrl.runtime.sharded:ShardedCheckpoints",
+                  summary="every rank writes its part (torch.distributed.checkpoint); training "
+                          "waits for the commit")
+register_strategy("sharded-async", "ecrl.runtime.sharded:AsyncShardedCheckpoints",
+                  summary="every rank copies the state to CPU; a background thread writes its "
+                          "part and commits")
 register_strategy("jit", "ecrl.runtime.jit:JitCheckpoints",
                   summary="a healthy rank saves when a peer dies or hangs (at most one step "
                   "replayed); --ckpt-every K adds a fallback every K steps")

@@ -109,9 +109,9 @@ class RunConfig:
     ckpt_every: int = 50
     """K: checkpoint after every K-th step (0: never)."""
     strategy: str = "overlapped"
-    """NAME: none, blocking or overlapped."""
+    """NAME: none, blocking, overlapped, sharded or sharded-async (docs/strategies.md)."""
     max_inflight: int = 2
-    """N: overlapped: checkpoints that may be pending in the background writer."""
+    """N: overlapped and sharded-async: checkpoints that may be pending in the background."""
     fail_at: tuple[int, ...] = ()
     """STEPS: global steps after which a failure is injected, each once over the whole run."""
     fail_rank: int = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ __all__ = [
     "encode",
     "snapshot_into",
     "decode",
+    "rebuild",
     "rng_state",
     "set_rng_state",
 ]
@@ -142,6 +143,14 @@ def decode(ckpt: VerifiedCheckpoint) -> Any:
                                offset=ckpt.data_start + int(entry["offset"]))
         return raw.view(dtype).view(shape).clone()
 
+    return rebuild(ckpt.header["tree"], tensor=tensor, array=array)
+
+
+def rebuild(tree: Any, *, tensor: Callable[[int], torch.Tensor],
+            array: Callable[[int], np.ndarray]) -> Any:
+    """The state of an encoded ``tree``; ``tensor(i)``/``array(i)`` give tensor ``i`` (shared
+    by both checkpoint formats: one file, or a sharded directory)."""
+
     def walk(value: Any) -> Any:
         if isinstance(value, list):
             return [walk(v) for v in value]
@@ -161,7 +170,7 @@ def decode(ckpt: VerifiedCheckpoint) -> Any:
                 return array(inner)
         return {k: walk(v) for k, v in value.items()}
 
-    return walk(ckpt.header["tree"])
+    return walk(tree)
 
 
 def rng_state() -> dict[str, Any]:

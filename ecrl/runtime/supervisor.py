@@ -76,9 +76,10 @@ __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifes
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 TORCHRUN_LOG = "torchrun.log"
 LOCK_FILE = ".supervisor.lock"
+# Not "strategy": a run may continue with another one (every strategy loads every checkpoint
+# format; each checkpoint event names the strategy that wrote it).
 _SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps",
-                    "permutation", "log_ids", "strategy", "ckpt_every", "fail_at", "world_sizes",
-                    "model")
+                    "permutation", "log_ids", "ckpt_every", "fail_at", "world_sizes", "model")
 _DEFINING_SETTINGS = ("image_size", "lr")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}

@@ -24,7 +24,12 @@ def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["candidate_value"] > 0 and row["alternative_value"] > 0
         assert row["ratio"] == pytest.approx(row["candidate_value"] / row["alternative_value"])
-    assert len(report["targets"]) == 3
+    # overlapped (2), jit (1), sharded-async vs overlapped at 1 and 2 ranks (2)
+    assert len(report["targets"]) == 5
     assert any(row["candidate"].startswith("jit") for row in report["rows"])
+    sharded = [row for row in report["rows"] if row["candidate"].startswith("sharded")]
+    assert sorted((row["candidate"], row["metric"].split(":")[0]) for row in sharded) == [
+        ("sharded", "tiny-cnn, 1 rank"), ("sharded", "tiny-cnn, 2 ranks"),
+        ("sharded-async", "tiny-cnn, 1 rank"), ("sharded-async", "tiny-cnn, 2 ranks")]
     text = doc.read_text()
     assert "old" not in text and "tiny-cnn" in text and text.count("bench:checkpoint:start") == 1

@@ -1,4 +1,5 @@
-"""``ecrl bench checkpoint``: blocking vs overlapped stall; overlapped and jit vs no checkpoints.
+"""``ecrl bench checkpoint``: blocking vs overlapped stall; overlapped and jit vs no checkpoints;
+the sharded strategies' stall beside them at 1 and 2 ranks.
 
 For each model (tiny CNN, ResNet-18, ResNet-50) the benchmark runs the real thing — ``ecrl run``
 under its supervisor, torchrun, the trainer, real fsyncs — with the same seed, data and
@@ -114,15 +115,17 @@ class _Load:
         return self.other_cpu_s / self.wall_s if self.known and self.wall_s else None
 
 
-def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress) -> RunPaths:
+def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress,
+           world: int = 1) -> RunPaths:
     from ecrl.runtime.supervisor import EXIT_OK, Supervisor
 
-    out = root / f"{case.model}-{strategy}-{repeat}"
-    config = RunConfig(out=str(out), world_sizes=(1,), dataset="fake", dataset_size=50_000,
+    out = root / f"{case.model}-{strategy}-{repeat}-w{world}"
+    config = RunConfig(out=str(out), world_sizes=(world,), dataset="fake", dataset_size=50_000,
                        model=case.model, global_batch=case.global_batch, steps=case.steps,
                        ckpt_every=0 if strategy == "jit" else case.every, strategy=strategy,
                        threads=1, seed=0, max_inflight=2)
-    progress(f"{case.model}: {case.steps} steps, strategy {strategy} (run {repeat + 1})")
+    progress(f"{case.model}: {case.steps} steps, strategy {strategy}, {world} rank"
+             f"{'s' if world > 1 else ''} (run {repeat + 1})")
     code = Supervisor(config, out=lambda _line: None, err=progress).run()
     if code != EXIT_OK:
         raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
@@ -210,6 +213,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"{case.model}: jit >= {JIT_TARGET:.0%} of the no-checkpoint "
                             "throughput",
                 measured=f"{j_share:.1%}", met=j_share >= JIT_TARGET))
+            _sharded_rows(root, case, runs, progress, rows, targets)
             for group in runs.values():
                 for paths in group:
                     shutil.rmtree(paths.root, ignore_errors=True)
@@ -229,9 +233,67 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "one rank, one torch thread per run (--threads 1), so that the background writer "
             "has a core of its own on a 2-core machine, as it would next to a GPU; "
             "max-inflight 2; fake data, D=50000",
+            "sharded rows: the same model and steps with --strategy sharded and sharded-async "
+            "(torch.distributed.checkpoint, every rank writes its part) beside blocking and "
+            "overlapped, at 1 rank (the runs above) and at 2 ranks (one run of each); write = "
+            "write_s of the checkpoint events (for blocking the file's write and publication, "
+            "for sharded every rank's part, DCP's metadata, checksums and the commit)",
             "where other processes keep cores busy (the figure in each throughput row), they take "
             "the writer's core and the throughput ratios measure that load more than ECRL: an "
             "overlapped run faster than the run without checkpoints is such noise; the stall rows "
             "are robust to it. Full run: about 15 minutes on the 2-core machine; --quick (tiny "
             "CNN only) about 35 s",
         ])
+
+
+SHARDED_WRITE_TARGET = 0.6
+"""At 2 ranks, a sharded checkpoint's write time vs rank 0 writing it all (each writes half)."""
+
+
+def _median(paths: list[RunPaths], field: str) -> float:
+    return statistics.median(getattr(e, field) for p in paths for e in _stalls(p))
+
+
+def _sharded_rows(root: Path, case: _Case, runs: dict[str, list[RunPaths]], progress: Progress,
+                  rows: list[BenchRow], targets: list[Target]) -> None:
+    """Stall (and write time) per checkpoint of sharded and sharded-async beside blocking and
+    overlapped, at 1 and 2 ranks, same model and steps."""
+    made: list[RunPaths] = []
+    for world in (1, 2):
+        by: dict[str, list[RunPaths]] = {}
+        for strategy in ("blocking", "overlapped", "sharded", "sharded-async"):
+            if world == 1 and runs.get(strategy):
+                by[strategy] = runs[strategy]
+                continue
+            paths = _train(root, case, strategy, 0, progress, world=world)
+            made.append(paths)
+            by[strategy] = [paths]
+        stall = {k: _median(v, "stall_s") for k, v in by.items()}
+        write = {k: _median(v, "write_s") for k, v in by.items()}
+        ranks = f"{world} rank{'s' if world > 1 else ''}"
+        rows.append(BenchRow(
+            candidate="sharded", alternative="blocking",
+            metric=f"{case.model}, {ranks}: training stall per checkpoint, ms (lower is better)",
+            candidate_value=stall["sharded"] * 1e3, alternative_value=stall["blocking"] * 1e3,
+            note=f"write {write['sharded'] * 1e3:.0f} vs {write['blocking'] * 1e3:.0f} ms"))
+        rows.append(BenchRow(
+            candidate="sharded-async", alternative="overlapped",
+            metric=f"{case.model}, {ranks}: training stall per checkpoint, ms (lower is better)",
+            candidate_value=stall["sharded-async"] * 1e3,
+            alternative_value=stall["overlapped"] * 1e3,
+            note=f"background write {write['sharded-async'] * 1e3:.0f} vs "
+                 f"{write['overlapped'] * 1e3:.0f} ms"))
+        targets.append(Target(
+            description=f"{case.model}, {ranks}: sharded-async stall <= overlapped stall",
+            measured=f"{stall['sharded-async'] * 1e3:.1f} vs {stall['overlapped'] * 1e3:.1f} ms",
+            met=stall["sharded-async"] <= stall["overlapped"]))
+        if world == 2 and case.model == "resnet50":
+            ratio = write["sharded"] / write["blocking"]
+            targets.append(Target(
+                description=f"{case.model}, 2 ranks: sharded write per checkpoint <= "
+                            f"{SHARDED_WRITE_TARGET:.1f}x the rank-0 (blocking) write",
+                measured=f"{ratio:.2f}x ({write['sharded'] * 1e3:.0f} vs "
+                         f"{write['blocking'] * 1e3:.0f} ms)",
+                met=ratio <= SHARDED_WRITE_TARGET))
+    for paths in made:
+        shutil.rmtree(paths.root, ignore_errors=True)

@@ -1,0 +1,505 @@
+"""``ecrl faults``: the crash campaign. Every case is a real ``ecrl run`` (supervisor, torchrun,
+two gloo ranks, real files and fsyncs) that something goes wrong in, on purpose:
+
+- ``kill``: rank 0 or rank 1 exits with 137 right after a step (the runtime's injected failure);
+- ``sigkill``: the campaign sends a real SIGKILL to rank 0 or rank 1 while it trains (at a random
+  phase of the step: loading, forward, backward, all-reduce or update);
+- ``crash``: a process dies (``os._exit(137)``) at one point of the write protocol of the 2nd
+  checkpoint (``ECRL_CRASH_AT``: temporary write, fsync, rename, directory fsync, pointer update;
+  for ``overlapped`` inside the background writer; for the sharded strategies before or after the
+  parts, during or after DCP's metadata write, before the rename, before or after the pointer
+  update, during the background persist, on rank 0 or on rank 1);
+- ``damage``: a stopped run's newest checkpoint gets a bit flipped, is truncated (each of its
+  files) or deleted, or ``latest.json`` is made stale, dangling, garbage or deleted; then the run
+  is continued;
+- ``enospc``: the checkpoint's write call fails with ``OSError(ENOSPC)``; once refused, the run is
+  continued as a user would after freeing space;
+- ``hang``: rank 1 is stopped (SIGSTOP) mid-run; the collective timeout must end the attempt.
+
+A case is *safe* when it ends in a completed run that ``ecrl-verify`` passes with parameters
+bit-identical to the same run without faults (and, for damaged checkpoints, resumed from the newest
+valid earlier one), or in a clear one-line refusal that leaves a valid checkpoint behind. Anything
+else — above all a wrong resume that exits 0 — is ``UNSAFE``. ``ecrl faults`` exits 0 when every
+case is safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ecrl.contract.runformat import LatestPointer, RunPaths, write_json_record
+from ecrl.contract.semantics import Geometry
+from ecrl.contract.shardfile import MANIFEST
+
+__all__ = ["FaultCase", "CaseResult", "cases", "run_campaign", "render_markdown", "main"]
+
+STRATEGIES = ("blocking", "overlapped", "sharded", "sharded-async")
+STEPS, EVERY = 12, 3
+"""Checkpoints after steps 2, 5 and 8."""
+BASE = ["--dataset-size", "256", "--global-batch", "8", "--steps", str(STEPS), "--ckpt-every",
+        str(EVERY), "--seed", "7", "--world-sizes", "2", "--threads", "1"]
+STOP_AT = 10
+"""Damage cases start from a run stopped after this step: checkpoints 5 and 8 kept."""
+HANG_TIMEOUT_S = 8
+NO_CHECKPOINT_LEFT = "no valid checkpoint is left"
+"""The supervisor's refusal when committed progress has no valid checkpoint (persist.py)."""
+CASE_TIMEOUT_S = 420
+
+_FILE_CRASH_POINTS = ("before-write", "before-fsync", "before-rename", "before-dir-fsync", "done")
+_LATEST_CRASH_POINTS = ("before-rename", "done")
+_SHARD_BOTH = ("before-parts", "after-parts")
+_SHARD_RANK0 = ("during-metadata", "after-metadata", "before-rename", "before-pointer",
+                "after-pointer")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultCase:
+    """One fault, injected into one run."""
+
+    name: str
+    strategy: str
+    kind: str
+    """kill, sigkill, crash, damage, latest, enospc or hang."""
+    rank: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+    fail_at: int | None = None
+    damage: str | None = None
+    """damage: ``flip:FILE``, ``truncate:FILE``, ``delete``; latest: stale, dangling, garbage,
+    delete."""
+    expect: str | None = None
+    """The checkpoint the continued run must resume from (damage cases): ``newest`` (the one
+    the stopped run's latest.json named) or ``previous`` (the one before it)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseResult:
+    """What happened; rendering is separate (:func:`render_markdown`)."""
+
+    case: str
+    strategy: str
+    outcome: str
+    checkpoint_used: str
+    replayed: int | None
+    verdict: str
+    seconds: float
+    detail: str = ""
+
+
+def _crash_cases(strategy: str) -> list[FaultCase]:
+    out = []
+    if strategy in ("blocking", "overlapped"):
+        where = "writer process" if strategy == "overlapped" else "rank 0"
+        for target, points in (("checkpoint", _FILE_CRASH_POINTS),
+                               ("latest", _LATEST_CRASH_POINTS)):
+            for point in points:
+                out.append(FaultCase(
+                    name=f"crash {target}:{point} ({where})", strategy=strategy, kind="crash",
+                    env=(("ECRL_CRASH_AT", f"{target}:{point}:2:0"),)))
+        return out
+    both = (*_SHARD_BOTH, *(("during-persist",) if strategy == "sharded-async" else ()))
+    for point in both:
+        for rank in (0, 1):
+            out.append(FaultCase(name=f"crash sharded:{point} (rank {rank})", strategy=strategy,
+                                 kind="crash", rank=rank,
+                                 env=(("ECRL_CRASH_AT", f"sharded:{point}:2:0"),
+                                      ("ECRL_CRASH_RANK", str(rank)))))
+    for point in _SHARD_RANK0:
+        out.append(FaultCase(name=f"crash sharded:{point} (rank 0)", strategy=strategy,
+                             kind="crash", env=(("ECRL_CRASH_AT", f"sharded:{point}:2:0"),
+                                                ("ECRL_CRASH_RANK", "0"))))
+    return out
+
+
+def _files_of(strategy: str) -> tuple[str, ...]:
+    if strategy in ("blocking", "overlapped"):
+        return ("",)  # the .ckpt file itself
+    return ("__0_0.distcp", "__1_0.distcp", ".metadata", MANIFEST)
+
+
+def cases(*, quick: bool) -> list[FaultCase]:
+    """The campaign (``quick``: a small subset that still covers every kind of damage)."""
+    if quick:
+        return [
+            FaultCase(name="kill after step 7 (rank 1)", strategy="sharded-async", kind="kill",
+                      rank=1, fail_at=7),
+            FaultCase(name="crash sharded:during-metadata (rank 0)", strategy="sharded",
+                      kind="crash", env=(("ECRL_CRASH_AT", "sharded:during-metadata:2:0"),
+                                         ("ECRL_CRASH_RANK", "0"))),
+            FaultCase(name="flip a bit of __1_0.distcp", strategy="sharded", kind="damage",
+                      damage="flip:__1_0.distcp", expect="previous"),
+            FaultCase(name="latest.json dangling", strategy="sharded", kind="latest",
+                      damage="dangling", expect="newest"),
+        ]
+    per: dict[str, list[FaultCase]] = {}
+    for strategy in STRATEGIES:
+        out = per.setdefault(strategy, [])
+        for rank in (0, 1):
+            out.append(FaultCase(name=f"kill after step 7 (rank {rank})", strategy=strategy,
+                                 kind="kill", rank=rank, fail_at=7))
+            out.append(FaultCase(name=f"SIGKILL mid-step (rank {rank})", strategy=strategy,
+                                 kind="sigkill", rank=rank))
+        out += _crash_cases(strategy)
+        for file in _files_of(strategy):
+            label = file or "the checkpoint file"
+            for how in ("flip", "truncate"):
+                out.append(FaultCase(name=f"{'flip a bit of' if how == 'flip' else 'truncate'} "
+                                          f"{label}", strategy=strategy, kind="damage",
+                                     damage=f"{how}:{file}", expect="previous"))
+        out.append(FaultCase(name="delete the newest checkpoint", strategy=strategy,
+                             kind="damage", damage="delete", expect="previous"))
+        for how, which in (("stale", "previous"), ("dangling", "newest"),
+                           ("garbage", "newest"), ("delete", "newest")):
+            out.append(FaultCase(name=f"latest.json {how if how != 'delete' else 'deleted'}",
+                                 strategy=strategy, kind="latest", damage=how, expect=which))
+        out.append(FaultCase(name="ENOSPC at the checkpoint write", strategy=strategy,
+                             kind="enospc", env=(("ECRL_CRASH_AT", (
+                                 "checkpoint" if strategy in ("blocking", "overlapped")
+                                 else "sharded") + ":enospc:2:0"),)))
+        out.append(FaultCase(name="hung rank 1 (SIGSTOP)", strategy=strategy, kind="hang",
+                             rank=1))
+    # Interleaved (one case of each strategy in turn), so that any prefix of the campaign covers
+    # every strategy alike; then in the table, grouped by strategy.
+    width = max(len(v) for v in per.values())
+    return [v[i] for i in range(width) for v in per.values() if i < len(v)]
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def _ecrl_run(root: Path, args: Sequence[str], env: dict[str, str] | None = None,
+              watch: Callable[[subprocess.Popen[str], Path], None] | None = None
+              ) -> tuple[int, str]:
+    """``ecrl run --out root ARGS``; returns (exit code, stderr)."""
+    full = {**os.environ, **(env or {})}
+    with subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root),
+                           *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, env=full, start_new_session=True) as proc:
+        if watch is not None:
+            watch(proc, root)
+        try:
+            _, err = proc.communicate(timeout=CASE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            return 124, err + "\n(timed out)"
+        return proc.returncode, err
+
+
+def _rank_pid(root: Path, rank: int) -> int | None:
+    """The trainer process of ``rank`` of the run in ``root`` (found by its environment)."""
+    want = f"ECRL_RUN_DIR={root}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if want in environ and f"RANK={rank}".encode() in environ \
+                and b"ecrl.runtime.trainer" in cmdline:
+            return int(entry.name)
+    return None
+
+
+def _signal_rank_at(rank: int, step: int, sig: int) -> Callable[[subprocess.Popen[str], Path],
+                                                                  None]:
+    """A watcher: once rank ``rank`` of attempt 0 logged ``step``, send it ``sig``."""
+
+    def watch(proc: subprocess.Popen[str], root: Path) -> None:
+        log = RunPaths.of(root).rank_log(0, rank)
+        deadline = time.monotonic() + CASE_TIMEOUT_S / 2
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if log.exists() and log.read_bytes().count(b"\n") > step:
+                    pid = _rank_pid(root, rank)
+                    if pid is not None:
+                        time.sleep(0.01)  # into the next step
+                        os.kill(pid, sig)
+                        return
+            time.sleep(0.005)
+
+    return watch
+
+
+def _verify(root: Path) -> tuple[bool, str]:
+    proc = subprocess.run([sys.executable, "-m", "verifier.cli", str(root)],
+                          capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    head = (proc.stdout.strip().splitlines() or [proc.stderr.strip()])[0]
+    return proc.returncode == 0 and head.startswith("PASS"), head
+
+
+def _state(root: Path) -> dict[str, Any]:
+    return dict(json.loads((root / "supervisor.json").read_text()))
+
+
+def _used(state: dict[str, Any]) -> tuple[str, list[int]]:
+    # supervisor.json carries the state's extra keys at its top level
+    points = state.get("resume_points") or state.get("extra", {}).get("resume_points", {})
+    steps, words = [], []
+    for attempt in state["attempts"][1:]:
+        point = points.get(str(attempt["attempt"]))
+        if point is None:
+            words.append("fresh start")
+            continue
+        steps.append(int(point["global_step"]))
+        reason = point.get("reason", "latest")
+        words.append(f"{point['path']}" + ("" if reason == "latest" else f" ({reason})"))
+    return ", ".join(words) or "none needed", steps
+
+
+def _replayed(state: dict[str, Any]) -> int:
+    attempts = state["attempts"]
+    total = 0
+    for before, after in itertools.pairwise(attempts):
+        last, resumed = before.get("last_step"), after.get("resumed_from_step")
+        if last is not None:
+            total += last - (resumed if resumed is not None else -1)
+    return total
+
+
+def _digest(root: Path) -> str | None:
+    try:
+        return str(json.loads((root / "final" / "summary.json").read_text())["params_digest"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if "error:" in line]
+    return lines[-1].strip() if lines else ""
+
+
+def _expected(root: Path, which: str | None) -> int | None:
+    """The step of the stopped run's newest checkpoint, or of the one before it."""
+    if which is None:
+        return None
+    from ecrl.runtime.persist import checkpoint_step
+
+    latest = json.loads((root / "checkpoints" / "latest.json").read_text())
+    if which == "newest":
+        return int(latest["global_step"])
+    older = [s for p in (root / "checkpoints").iterdir()
+             if (s := checkpoint_step(p.name)) is not None and s < latest["global_step"]]
+    return max(older) if older else None
+
+
+def _damage(root: Path, case: FaultCase) -> None:
+    checkpoints = root / "checkpoints"
+    latest = json.loads((checkpoints / "latest.json").read_text())
+    newest = checkpoints / latest["path"]
+    how = case.damage or ""
+    if case.kind == "latest":
+        if how == "delete":
+            (checkpoints / "latest.json").unlink()
+        elif how == "garbage":
+            (checkpoints / "latest.json").write_text('{"path": "step-000')
+        elif how == "dangling":
+            suffix = Path(latest["path"]).suffix
+            write_json_record(checkpoints / "latest.json", LatestPointer(**{
+                **{k: latest[k] for k in ("epoch", "cursor_step", "world_size", "time",
+                                          "checksum")},
+                "path": f"step-{STEPS - 1:08d}{suffix}", "global_step": STEPS - 1}))
+        else:  # stale: the previous checkpoint, a whole and valid one
+            from ecrl.runtime.persist import checkpoint_step, read_checkpoint
+
+            older = sorted(p.name for p in checkpoints.iterdir()
+                           if (s := checkpoint_step(p.name)) is not None
+                           and s < latest["global_step"])[-1]
+            checked = read_checkpoint(checkpoints / older)
+            step = int(checked.meta["global_step"])
+            epoch, cursor = Geometry(dataset_size=256, global_batch=8).locate(step)
+            write_json_record(checkpoints / "latest.json", LatestPointer(
+                path=older, global_step=step, epoch=epoch, cursor_step=cursor, world_size=2,
+                time=time.time(), checksum=checked.checksum))
+        return
+    if how == "delete":
+        if newest.is_dir():
+            shutil.rmtree(newest)
+        else:
+            newest.unlink()
+        return
+    action, _, name = how.partition(":")
+    target = newest / name if name else newest
+    data = bytearray(target.read_bytes())
+    if action == "flip":
+        data[len(data) // 2] ^= 0x01
+    else:
+        data = data[: len(data) // 2]
+    target.write_bytes(bytes(data))
+
+
+@dataclass(slots=True)
+class _Campaign:
+    work: Path
+    reference: str | None = None
+    bases: dict[str, Path] = field(default_factory=dict)
+
+    def base(self, strategy: str) -> Path:
+        """A run of ``strategy`` stopped after step STOP_AT (made once)."""
+        if strategy not in self.bases:
+            root = self.work / "bases" / strategy
+            shutil.rmtree(root, ignore_errors=True)
+            # --max-inflight 1: a background writer is at most one checkpoint behind (the next
+            # boundary waits for it), so the stopped run has an earlier committed checkpoint to
+            # fall back to, whatever the machine's load.
+            _ecrl_run(root, [*BASE, "--strategy", strategy, "--fail-at", str(STOP_AT),
+                             "--max-restarts", "0", "--max-inflight", "1"])
+            self.bases[strategy] = root
+        return self.bases[strategy]
+
+    def run_case(self, index: int, case: FaultCase) -> CaseResult:
+        t0 = time.perf_counter()
+        root = self.work / "cases" / f"{index:03d}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        args = [*BASE, "--strategy", case.strategy]
+        env = dict(case.env)
+        watch = None
+        outcome = ""
+        if case.kind == "kill" and case.fail_at is not None:
+            args += ["--fail-at", str(case.fail_at), "--fail-rank", str(case.rank)]
+        elif case.kind == "sigkill":
+            watch = _signal_rank_at(case.rank, 6, signal.SIGKILL)
+        elif case.kind == "hang":
+            args += ["--collective-timeout-s", str(HANG_TIMEOUT_S)]
+            watch = _signal_rank_at(case.rank, 6, signal.SIGSTOP)
+        expect: int | None = None
+        refusal_ok = False
+        if case.kind in ("damage", "latest"):
+            shutil.copytree(self.base(case.strategy), root,
+                            ignore=shutil.ignore_patterns(".supervisor.lock"))
+            expect = _expected(root, case.expect)
+            # No earlier checkpoint to fall back to: the one right answer is the refusal.
+            refusal_ok = expect is None
+            _damage(root, case)
+            code, err = _ecrl_run(root, [])
+        else:
+            code, err = _ecrl_run(root, args, env, watch)
+        if case.kind == "enospc":
+            refusal = _error_line(err)
+            if code == 0 or not refusal:
+                return self._result(case, root, t0, code, err,
+                                    unsafe="the full disk was not refused")
+            from ecrl.contract.ckptfile import CheckpointError
+            from ecrl.runtime.persist import read_checkpoint, read_latest
+
+            paths = RunPaths.of(root)
+            pointer = read_latest(paths)
+            if pointer is None:
+                return self._result(case, root, t0, code, err, unsafe="no checkpoint left")
+            try:  # the full disk must have left latest.json naming a whole checkpoint
+                read_checkpoint(paths.checkpoints / pointer.path,
+                                expected_checksum=pointer.checksum)
+            except CheckpointError as exc:
+                return self._result(case, root, t0, code, err, unsafe=str(exc))
+            outcome = f"refused ({refusal.split('error: ', 1)[-1][:60]}…), continued: "
+            code, err = _ecrl_run(root, [])  # space freed: the same command again
+        if refusal_ok and code != 0 and NO_CHECKPOINT_LEFT in _error_line(err):
+            return self._result(case, root, t0, code, err, refused=True)
+        return self._result(case, root, t0, code, err, prefix=outcome, expect=expect)
+
+    def _result(self, case: FaultCase, root: Path, t0: float, code: int, err: str, *,
+                prefix: str = "", unsafe: str | None = None, expect: int | None = None,
+                refused: bool = False) -> CaseResult:
+        used, replayed = "—", None
+        steps: list[int] = []
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            state = _state(root)
+            used, steps = _used(state)
+            replayed = _replayed(state)
+        if not refused and unsafe is None:
+            if code != 0:
+                unsafe = f"run ended with exit {code}: {_error_line(err) or err.strip()[-200:]}"
+            else:
+                ok, head = _verify(root)
+                if not ok:
+                    unsafe = f"ecrl-verify: {head}"
+                elif _digest(root) != self.reference:
+                    unsafe = "parameters differ from the run without faults"
+                elif expect is not None and (not steps or steps[-1] != expect):
+                    unsafe = (f"resumed from {steps[-1] if steps else 'nothing'}, expected the "
+                              f"newest valid checkpoint, step {expect}")
+        outcome = (f"refused: no valid checkpoint left (exit {code})" if refused
+                   else prefix + ("completed" if code == 0 else f"exit {code}"))
+        return CaseResult(case=case.name, strategy=case.strategy, outcome=outcome,
+                          checkpoint_used=used, replayed=replayed,
+                          verdict="safe" if unsafe is None else "UNSAFE",
+                          seconds=round(time.perf_counter() - t0, 1), detail=unsafe or "")
+
+
+def run_campaign(*, quick: bool, work: Path, jobs: int = 1,
+                 progress: Callable[[str], None] | None = None,
+                 only: Sequence[FaultCase] | None = None) -> list[CaseResult]:
+    """Run every case (in ``work``); returns one result per case, in order."""
+    work.mkdir(parents=True, exist_ok=True)
+    campaign = _Campaign(work=work)
+    todo = list(only if only is not None else cases(quick=quick))
+    ref = work / "reference"
+    shutil.rmtree(ref, ignore_errors=True)
+    code, err = _ecrl_run(ref, [*BASE, "--strategy", "blocking"])
+    if code != 0:
+        raise RuntimeError(f"the reference run failed: {_error_line(err) or err[-300:]}")
+    campaign.reference = _digest(ref)
+    for strategy in sorted({c.strategy for c in todo if c.kind in ("damage", "latest")}):
+        campaign.base(strategy)  # before the pool: bases are shared
+
+    partial = work / "faults.partial.jsonl"
+    partial.unlink(missing_ok=True)
+
+    def one(item: tuple[int, FaultCase]) -> CaseResult:
+        result = campaign.run_case(*item)
+        with open(partial, "a") as handle:  # results so far survive an interrupted campaign
+            handle.write(json.dumps({"index": item[0], **asdict(result)}) + "\n")
+        if progress is not None:
+            progress(f"[{item[0] + 1}/{len(todo)}] {result.strategy:13} {result.case}: "
+                     f"{result.verdict} ({result.outcome}; {result.checkpoint_used})")
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, enumerate(todo)))
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    return sorted(results, key=lambda r: order.get(r.strategy, len(order)))  # stable
+
+
+def render_markdown(results: Sequence[CaseResult]) -> str:
+    lines = ["| case | strategy | outcome | checkpoint used | replayed steps | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        verdict = r.verdict + (f": {r.detail}" if r.detail else "")
+        lines.append(f"| {r.case} | {r.strategy} | {r.outcome} | {r.checkpoint_used} | "
+                     f"{'—' if r.replayed is None else r.replayed} | {verdict} |")
+    safe = sum(r.verdict == "safe" for r in results)
+    lines.append("")
+    lines.append(f"{safe}/{len(results)} cases safe.")
+    return "\n".join(lines) + "\n"
+
+
+def main(*, quick: bool, out: str, jobs: int, fmt: str) -> int:
+    work = Path(out).resolve()
+    started = time.time()
+    results = run_campaign(quick=quick, work=work, jobs=jobs,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+    (work / "faults.json").write_text(json.dumps({
+        "profile": "quick" if quick else "full", "started": started, "ended": time.time(),
+        "cases": [asdict(r) for r in results]}, indent=2) + "\n")
+    table = render_markdown(results)
+    (work / "faults.md").write_text(table)
+    if fmt == "json":
+        print((work / "faults.json").read_text(), end="")
+    else:
+        print(table, end="")
+    return 0 if all(r.verdict == "safe" for r in results) else 1

@@ -1,0 +1,503 @@
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): ``sharded`` and
+``sharded-async``.
+
+Every rank hands DCP the same state (model, optimizer, scheduler, sampler, every rank's RNG
+states: the StatePack tree of :mod:`ecrl.runtime.statepack`, its tensors as DCP entries, the rest
+as JSON in ECRL's manifest). DCP's planner gives each replicated tensor to one rank, balancing the
+bytes, so every rank writes its own part (``__R_0.distcp``) of one checkpoint.
+
+The commit follows ECRL's rule, not DCP's: DCP fsyncs its files but never the directory, and
+knows nothing of ``latest.json``. Per checkpoint at step ``c``
+(:meth:`ShardedCheckpoints._persist`):
+
+1. rank 0 creates ``checkpoints/.step-C.dcp.aA.tmp/``; barrier;
+2. every rank writes its part (DCP, fsync'd), hashes it and fsyncs the directory; rank 0 (DCP's
+   coordinator) writes ``.metadata``;
+3. the parts' sizes and SHA-256 are gathered to rank 0, which hashes ``.metadata`` and writes
+   ``ecrl-manifest.json`` (atomically, fsync'd, directory fsync'd): the checkpoint's checksum is
+   the manifest's hash (:mod:`ecrl.contract.shardfile`);
+4. rank 0 renames the directory to ``step-C.dcp`` and fsyncs ``checkpoints/``;
+5. rank 0 appends the checkpoint event, replaces ``latest.json`` (atomically), applies retention.
+
+A crash anywhere before 5 leaves ``latest.json`` naming the previous checkpoint, whole.
+``sharded`` runs this on the training thread (training waits; a barrier ends the boundary).
+``sharded-async`` copies the state to CPU buffers on the training thread (the stall) and runs the
+protocol on a background thread over a gloo process group of its own, ``max_inflight`` checkpoints
+at most in flight (the next one waits: back-pressure); :meth:`close` waits for every one.
+
+Loading (:func:`load`) works at any world size (each rank reads every tensor; DCP reshards), and
+runs no code: the manifest and every part are verified first, DCP's ``.metadata`` pickle is read by
+a restricted unpickler that only builds DCP's metadata classes, and no pickled object is ever
+stored (non-tensor state is JSON).
+
+``ECRL_CRASH_AT=sharded:POINT[:N[:ATTEMPT]]`` kills a process at ``POINT`` of its N-th sharded
+checkpoint (:data:`ecrl.runtime.persist.SHARDED_POINTS`; ``enospc`` fails the part's write with
+``OSError(ENOSPC)``); ``ECRL_CRASH_RANK`` limits it to one rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future as TorchFuture
+
+from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
+from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
+from ecrl.contract.shardfile import (
+    MANIFEST,
+    METADATA_FILE,
+    SUFFIX,
+    VerifiedShards,
+    encode_manifest,
+    file_checksum,
+    tensor_key,
+)
+from ecrl.runtime import statepack
+from ecrl.runtime.persist import CRASH_EXIT_CODE, DISK_FULL_POINT, CrashHook, apply_retention
+from ecrl.runtime.strategies import CheckpointContext, Strategy
+
+__all__ = ["CRASH_RANK_ENV", "ShardedSaveFailed", "ShardedCheckpoints",
+           "AsyncShardedCheckpoints", "shard_name", "load"]
+
+CRASH_RANK_ENV = "ECRL_CRASH_RANK"
+
+
+def shard_name(global_step: int) -> str:
+    """Directory name (inside ``checkpoints/``) of the sharded checkpoint after ``global_step``."""
+    return f"step-{global_step:08d}{SUFFIX}"
+
+
+class _Crash:
+    """The ``sharded`` crash point of one checkpoint on this rank (tests and ``ecrl faults``)."""
+
+    def __init__(self, hook: CrashHook, rank: int) -> None:
+        only = os.environ.get(CRASH_RANK_ENV)
+        self._hook = hook.for_write("sharded")
+        if only not in (None, "") and int(only) != rank:
+            self._hook = None
+        self.point = hook.point if self._hook is not None else None
+
+    def at(self, point: str) -> None:
+        if self._hook is not None:
+            self._hook(point)
+
+    def armed(self, point: str) -> bool:
+        return self.point == point
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file writer, remembering the files this rank wrote; crash points for tests."""
+
+    def __init__(self, path: Path, crash: _Crash) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1,
+                         overwrite=True)
+        self.crash = crash
+        self.written: list[str] = []
+
+    def write_data(self, plan: Any, planner: Any) -> TorchFuture[list[WriteResult]]:
+        if self.crash.armed(DISK_FULL_POINT):
+            # A full disk surfaces at the write call, once part of the data reached the file.
+            target = Path(self.path) / f"__{dist.get_rank() if dist.is_initialized() else 0}_0"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        future = super().write_data(plan, planner)
+        results = future.wait()
+        self.written = sorted({r.storage_data.relative_path for r in results})
+        self.crash.at("after-parts")
+        return future
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        if self.crash.armed("during-metadata"):
+            # Torn: the process dies with half of .metadata on disk (never fsync'd whole).
+            target = Path(self.path) / METADATA_FILE
+            with open(target, "r+b") as handle:
+                handle.truncate(max(1, target.stat().st_size // 2))
+            os._exit(CRASH_EXIT_CODE)
+        self.crash.at("after-metadata")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes (and torch dtypes, sizes, layouts, paths), nothing else: a
+    ``.metadata`` that names any other callable is refused instead of run."""
+
+    _EXACT = frozenset({("torch", "Size"), ("torch.serialization", "_get_layout"),
+                        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                        ("collections", "OrderedDict")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:
+            if (module, name) in self._EXACT:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return super().find_class(module, name)
+            if module == "torch.distributed.checkpoint.metadata":
+                found = super().find_class(module, name)
+                if isinstance(found, type) or name == "_MEM_FORMAT_ENCODING":
+                    return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+
+
+class _Reader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = Path(self.path) / METADATA_FILE
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: refused DCP metadata ({exc})") from None
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def load(ckpt: VerifiedShards) -> Any:
+    """The state tree of a verified sharded checkpoint (CPU tensors), at any world size."""
+    entries: list[dict[str, Any]] = ckpt.manifest["tensors"]
+    targets: dict[str, torch.Tensor] = {}
+    for index, entry in enumerate(entries):
+        if entry.get("kind") == "numpy":
+            targets[tensor_key(index)] = torch.empty(int(entry["nbytes"]), dtype=torch.uint8)
+            continue
+        dtype = getattr(torch, str(entry["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
+        targets[tensor_key(index)] = torch.empty(tuple(entry["shape"]), dtype=dtype)
+    try:
+        with warnings.catch_warnings():
+            # "assuming the intent is to load in a single process": it is (every rank loads all).
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(targets, storage_reader=_Reader(ckpt.path), no_dist=True)
+    except CheckpointException as exc:
+        raise CheckpointError(f"{ckpt.path}: DCP could not load it ({_first_line(exc)})") from None
+
+    def array(index: int) -> np.ndarray:
+        entry = entries[index]
+        raw = targets[tensor_key(index)].numpy()
+        return raw.view(np.dtype(entry["dtype"])).reshape(entry["shape"]).copy()
+
+    return statepack.rebuild(ckpt.manifest["tree"], tensor=lambda i: targets[tensor_key(i)],
+                             array=array)
+
+
+def _unwrap_failures(exc: BaseException) -> list[BaseException]:
+    """The ranks' own exceptions inside DCP's CheckpointException (``(exception, stack)``)."""
+    failures = getattr(exc, "failures", None) or {}
+    out = []
+    for failure in failures.values():
+        inner = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(inner, BaseException):
+            out.append(inner)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    for inner in _unwrap_failures(exc):
+        if isinstance(inner, OSError):
+            return f"{inner.strerror or inner} ({inner.filename})"
+        if isinstance(inner, BaseException):
+            return (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _disk_problem(exc: BaseException) -> OSError | None:
+    for inner in [exc, *_unwrap_failures(exc)]:
+        if isinstance(inner, OSError):
+            return inner
+    return None
+
+
+@dataclass(slots=True)
+class _Job:
+    """One checkpoint on its way to disk."""
+
+    step: int
+    tensors: dict[str, torch.Tensor]
+    tree: Any
+    entries: list[dict[str, Any]]
+    meta: dict[str, Any]
+    snapshot_s: float
+    backpressure_s: float = 0.0
+    stall_s: float = 0.0
+    staging: int | None = None
+    """Index of the CPU staging set it occupies (async)."""
+    stalled: threading.Event = field(default_factory=threading.Event)
+    """Set once stall_s is known (the event line waits for it)."""
+
+
+class ShardedSaveFailed(RuntimeError):
+    """A sharded save failed for a reason a relaunch can fix (a peer died or hung)."""
+
+
+def _default_timeout() -> timedelta | None:
+    """The training's collective timeout (the default group's), for DCP's own group: a hung
+    peer must end a checkpoint as soon as it ends a step, not after torch's 30 minutes."""
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(Exception):  # private API: without it, torch's default
+            timeout = group._get_backend(torch.device(device)).options._timeout
+            if isinstance(timeout, timedelta):
+                return timeout
+    return None
+
+
+class ShardedCheckpoints(Strategy):
+    """``sharded``: every rank writes its part, training waits for the commit."""
+
+    asynchronous = False
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        super().__init__(ctx)
+        self._events = JsonlWriter(ctx.paths.checkpoint_log(ctx.attempt)) if ctx.rank == 0 \
+            else None
+        self._hook = CrashHook.from_env(attempt=ctx.attempt)
+        self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
+        self._group: Any = None
+
+    # --- collectives -----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        if self._distributed and self._group is None:
+            # DCP's own collectives run on a gloo group of their own: its messages never mix with
+            # the training's (NCCL or gloo), and the async variant may use it from its thread.
+            self._group = dist.new_group(backend="gloo", timeout=_default_timeout())
+
+    def _all_rngs(self) -> list[dict[str, Any]]:
+        mine = statepack.rng_state()
+        if not self._distributed:
+            return [mine]
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, mine)
+        return everyone
+
+    def _same_everywhere(self, tree: Any, entries: list[dict[str, Any]]) -> None:
+        if not self._distributed:
+            return
+        digest = hashlib.sha256(json.dumps([tree, [{k: e[k] for k in ("dtype", "shape")}
+                                                   for e in entries]]).encode()).hexdigest()
+        digests: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(digests, digest)
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            raise CheckpointError(
+                f"sharded checkpoint: the state of rank {odd[0]} differs in structure from rank "
+                "0's; sharded checkpoints need the same state on every rank (replicated, as under "
+                "DDP): use --strategy blocking or overlapped")
+
+    # --- the boundary ----------------------------------------------------------------------------
+
+    def _capture(self, step: int) -> _Job:
+        t0 = time.perf_counter()
+        self.prepare()  # a no-op after the first time (every rank gets here together)
+        state = statepack.encode(self.ctx.capture(self._all_rngs()), meta={})
+        self._same_everywhere(state.tree, state.entries)
+        tensors: dict[str, torch.Tensor] = {}
+        entries = []
+        for index, (value, entry) in enumerate(zip(state.tensors, state.entries, strict=True)):
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+            tensors[tensor_key(index)] = value
+            entries.append({k: v for k, v in entry.items() if k != "offset"})
+        return _Job(step=step, tensors=tensors, tree=state.tree, entries=entries,
+                    meta=self.ctx.meta(step), snapshot_s=time.perf_counter() - t0)
+
+    def checkpoint(self, step: int) -> None:
+        t0 = time.perf_counter()
+        job = self._capture(step)
+        job.stalled.set()  # the commit below finishes inside the stall; it is measured there
+        self._persist(job, t0=t0)
+        if self._distributed:
+            dist.barrier(group=self._group)
+
+    # --- the protocol ----------------------------------------------------------------------------
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if not self._distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self._group)
+        return out or []
+
+    def _persist(self, job: _Job, *, t0: float | None = None) -> None:
+        ctx = self.ctx
+        crash = _Crash(self._hook, ctx.rank)
+        if self.asynchronous:
+            crash.at("during-persist")
+        directory = ctx.paths.checkpoints
+        name = shard_name(job.step)
+        tmp = directory / f".{name}.a{ctx.attempt}.tmp"
+        t1 = time.perf_counter()
+        if ctx.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        if self._distributed:
+            dist.barrier(group=self._group)
+        crash.at("before-parts")
+        writer = _Writer(tmp, crash)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
+                dcp.save(job.tensors, storage_writer=writer, process_group=self._group,
+                         no_dist=not self._distributed)
+            mine = {part: dict(zip(("checksum", "size"), file_checksum(tmp / part),
+                                   strict=True)) for part in writer.written}
+            fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
+        except (CheckpointException, OSError) as exc:
+            problem = _disk_problem(exc)
+            if problem is None:
+                # A peer died or hung during the save: a crash like any other, so the supervisor
+                # relaunches from the last committed checkpoint (not a fatal error).
+                raise ShardedSaveFailed(f"the sharded checkpoint of step {job.step} failed: "
+                                        f"{_first_line(exc)}") from None
+            raise CheckpointError(
+                f"writing the sharded checkpoint of step {job.step} failed: "
+                f"{problem.strerror or problem} ({problem.filename or tmp})") from None
+        everyone = self._gather(mine)
+        if ctx.rank != 0:
+            return
+        parts: dict[str, dict[str, Any]] = {}
+        for theirs in everyone:
+            parts.update(theirs)
+        checksum, size = file_checksum(tmp / METADATA_FILE)
+        parts[METADATA_FILE] = {"checksum": checksum, "size": size}
+        manifest = encode_manifest(meta=job.meta, tree=job.tree, tensors=job.entries,
+                                   parts=parts)
+        try:
+            atomic_write_bytes(tmp / MANIFEST, manifest)
+            crash.at("before-rename")
+            final = directory / name
+            aside = directory / f".{name}.old.a{ctx.attempt}.tmp"
+            if final.exists():
+                # Left by an attempt that died before publishing it (latest.json never named it,
+                # or the fallback passed it over): replaced, never merged with.
+                os.replace(final, aside)
+            os.replace(tmp, final)
+            fsync_dir(directory)
+            shutil.rmtree(aside, ignore_errors=True)
+        except OSError as exc:
+            raise CheckpointError(f"writing the sharded checkpoint of step {job.step} failed: "
+                                  f"{exc.strerror or exc} ({exc.filename or tmp})") from None
+        write_s = time.perf_counter() - t1
+        total = sum(int(p["size"]) for p in parts.values()) + len(manifest)
+        checksum = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        job.stalled.wait()
+        stall = job.stall_s if t0 is None else time.perf_counter() - t0
+        if self._events is not None:
+            # Before latest.json names it: every checkpoint the pointer ever names has its event.
+            self._events.write(CheckpointEvent(
+                global_step=job.step, strategy=self.name, snapshot_s=job.snapshot_s,
+                write_s=write_s, enqueue_s=0.0, backpressure_s=job.backpressure_s,
+                stall_s=stall, bytes=total, path=name,
+                extra={"attempt": ctx.attempt, "parts": len(parts) - 1,
+                       "writers": sum(1 for r in everyone if r), "async": self.asynchronous}))
+        crash.at("before-pointer")
+        epoch, cursor = ctx.geometry.locate(job.step)
+        try:
+            write_json_record(ctx.paths.latest, LatestPointer(
+                path=name, global_step=job.step, epoch=epoch, cursor_step=cursor,
+                world_size=ctx.world_size, time=time.time(), checksum=checksum))
+        except OSError as exc:
+            raise CheckpointError(f"publishing the sharded checkpoint of step {job.step} failed: "
+                                  f"{exc.strerror or exc} ({exc.filename or ctx.paths.latest})"
+                                  ) from None
+        crash.at("after-pointer")
+        apply_retention(directory, latest_step=job.step, keep=ctx.keep)
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+
+
+class AsyncShardedCheckpoints(ShardedCheckpoints):
+    """``sharded-async``: the training thread only copies the state to CPU; a background thread
+    runs the protocol, ``max_inflight`` checkpoints at most in flight."""
+
+    asynchronous = True
+
+    def __init__(self, ctx: CheckpointContext) -> None:
+        super().__init__(ctx)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-sharded")
+        self._inflight: collections.deque[tuple[Future[None], _Job]] = collections.deque()
+        self._staging: list[dict[str, torch.Tensor]] = []
+        self._free: list[int] = []
+
+    def _settle(self, future: Future[None], job: _Job) -> None:
+        try:
+            future.result()
+        finally:
+            if job.staging is not None:
+                self._free.append(job.staging)
+
+    def _reap(self, *, wait_for: int) -> float:
+        """Collect finished checkpoints; wait until at most ``wait_for`` are in flight. Returns
+        the seconds waited. A failed background persist is raised here, on the training thread."""
+        t0 = time.perf_counter()
+        while self._inflight and (len(self._inflight) > wait_for or self._inflight[0][0].done()):
+            self._settle(*self._inflight.popleft())
+        return time.perf_counter() - t0
+
+    def _stage(self, tensors: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
+        pin = torch.cuda.is_available()
+        if self._free:
+            index = self._free.pop()
+        else:
+            index = len(self._staging)
+            self._staging.append({})
+        buffers = self._staging[index]
+        for key, value in tensors.items():
+            held = buffers.get(key)
+            if held is None or held.shape != value.shape or held.dtype != value.dtype:
+                held = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+                buffers[key] = held
+            held.copy_(value, non_blocking=pin and value.is_cuda)
+        if pin:
+            torch.cuda.synchronize()
+        for key in [k for k in buffers if k not in tensors]:
+            del buffers[key]
+        return index, dict(buffers)
+
+    def checkpoint(self, step: int) -> None:
+        t0 = time.perf_counter()
+        backpressure = self._reap(wait_for=max(1, self.ctx.max_inflight) - 1)
+        job = self._capture(step)
+        t1 = time.perf_counter()
+        job.staging, job.tensors = self._stage(job.tensors)
+        job.snapshot_s += time.perf_counter() - t1
+        job.backpressure_s = backpressure
+        future = self._pool.submit(self._persist, job)
+        self._inflight.append((future, job))
+        job.stall_s = time.perf_counter() - t0
+        job.stalled.set()
+
+    def close(self) -> None:
+        try:
+            self._reap(wait_for=0)
+        finally:
+            self._pool.shutdown(wait=True)
+            super().close()

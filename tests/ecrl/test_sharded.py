@@ -1,0 +1,219 @@
+"""Sharded checkpoints (``ecrl.runtime.sharded``, ``ecrl.contract.shardfile``) in one process:
+the format, its verification, the restricted loader, crash points and switching strategy.
+Real files, real DCP; the multi-rank runs are in tests/integration/test_sharded_runs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ecrl
+from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.runformat import RunPaths
+from ecrl.contract.shardfile import MANIFEST, file_checksum, read_verified_shards
+from ecrl.runtime import _attempt
+from ecrl.runtime.persist import apply_retention, checkpoint_step, clean_temporaries, read_latest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("ECRL_")]:
+        monkeypatch.delenv(key)
+    _attempt._CACHE.clear()
+
+
+class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
+           stop_after: int | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    _attempt._CACHE.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=steps)
+    loader = DataLoader(ecrl.WithSampleIds(Squares()), batch_sampler=sampler)
+    log = ecrl.StepLog(run, sampler=sampler, steps=steps)
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "scheduler": sched,
+                              "sampler": sampler}, log=log, every=every, strategy=strategy)
+    losses = []
+    start = ckpt.restore()
+    for step, (ids, (x, y)) in zip(range(start, steps), loader, strict=True):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        log.step(step, sample_ids=ids, loss=loss)
+        ckpt.after_step(step)
+        losses.append(float(loss.detach()))
+        if step == stop_after:
+            break
+    ckpt.close()
+    log.close()
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], dict[str, torch.Tensor]]:
+    return _train(tmp_path_factory.mktemp("whole"), strategy="blocking")
+
+
+@pytest.mark.parametrize(("first", "then"), [("sharded", "sharded"),
+                                             ("sharded-async", "sharded-async"),
+                                             ("blocking", "sharded"), ("sharded", "overlapped")])
+def test_resume_is_bit_identical_whatever_strategy_wrote_the_checkpoint(
+        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]], first: str,
+        then: str) -> None:
+    losses, final = whole
+    cut, _ = _train(tmp_path, strategy=first, stop_after=9)
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.global_step == 7
+    suffix = ".ckpt" if first == "blocking" else ".dcp"
+    assert latest.path == f"step-00000007{suffix}"
+    rest, resumed = _train(tmp_path, strategy=then)
+    assert cut[:8] + rest == losses  # RNG (dropout), optimizer, scheduler and data all restored
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+
+
+def _sharded_run(tmp_path: Path) -> Path:
+    _train(tmp_path, strategy="sharded", stop_after=9)
+    return tmp_path / "checkpoints" / "step-00000007.dcp"
+
+
+def test_layout_and_checksums(tmp_path: Path) -> None:
+    directory = _sharded_run(tmp_path)
+    latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert set(manifest["parts"]) == {"__0_0.distcp", ".metadata"}
+    for name, info in manifest["parts"].items():
+        assert file_checksum(directory / name) == (info["checksum"], info["size"])
+    checked = read_verified_shards(directory, expected_checksum=latest["checksum"])
+    assert checked.meta["global_step"] == 7 and checked.checksum == latest["checksum"]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("flip", r"__0_0\.distcp: checksum mismatch .* the part is corrupt"),
+    ("truncate", r"__0_0\.distcp: \d+ bytes, the manifest says \d+: the part is truncated"),
+    ("metadata", r"\.metadata: part of the checkpoint is missing"),
+    ("manifest", r"ecrl-manifest\.json: checksum .* differs from the .* recorded in latest\.json"),
+    ("no-manifest", r"manifest is missing \(the checkpoint was never completed\)"),
+])
+def test_damage_is_one_line_naming_the_file(tmp_path: Path, damage: str, message: str) -> None:
+    directory = _sharded_run(tmp_path)
+    latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+    part = directory / "__0_0.distcp"
+    if damage == "flip":
+        data = bytearray(part.read_bytes())
+        data[len(data) // 3] ^= 1
+        part.write_bytes(bytes(data))
+    elif damage == "truncate":
+        part.write_bytes(part.read_bytes()[:-7])
+    elif damage == "metadata":
+        (directory / ".metadata").unlink()
+    elif damage == "manifest":
+        manifest = json.loads((directory / MANIFEST).read_text())
+        manifest["meta"]["global_step"] = 3
+        (directory / MANIFEST).write_text(json.dumps(manifest))
+    else:
+        (directory / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=message) as info:
+        read_verified_shards(directory, expected_checksum=latest["checksum"])
+    assert "\n" not in str(info.value)
+    with pytest.raises(CheckpointError, match=message):  # the Checkpointer refuses it too
+        _train(tmp_path, strategy="sharded")
+
+
+class _Payload:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch PWNED",))
+
+
+def test_crafted_metadata_is_refused_without_running_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = _sharded_run(tmp_path)
+    (directory / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    # An attacker who also rewrites the checksums (manifest and latest.json) gets past them...
+    manifest = json.loads((directory / MANIFEST).read_text())
+    checksum, size = file_checksum(directory / ".metadata")
+    manifest["parts"][".metadata"] = {"checksum": checksum, "size": size}
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    latest_path = tmp_path / "checkpoints" / "latest.json"
+    latest = json.loads(latest_path.read_text())
+    latest["checksum"] = file_checksum(directory / MANIFEST)[0]
+    latest_path.write_text(json.dumps(latest))
+    monkeypatch.chdir(tmp_path)
+    # ... and still runs no code: the metadata unpickler only builds DCP's classes.
+    with pytest.raises(CheckpointError, match="DCP could not load it"):
+        _train(tmp_path, strategy="sharded")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_retention_and_temporaries_handle_directories(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    for step in (3, 7, 11, 15):
+        (directory / f"step-{step:08d}.dcp").mkdir(parents=True)
+        (directory / f"step-{step:08d}.dcp" / "__0_0.distcp").write_bytes(b"x")
+    (directory / "step-00000005.ckpt").write_bytes(b"y")
+    (directory / ".step-00000019.dcp.a1.tmp").mkdir()
+    assert checkpoint_step("step-00000015.dcp") == 15
+    removed = apply_retention(directory, latest_step=11, keep=2)
+    assert sorted(removed) == ["step-00000003.dcp", "step-00000005.ckpt"]
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".step-00000019.dcp.a1.tmp", "step-00000007.dcp", "step-00000011.dcp",
+        "step-00000015.dcp"]
+    assert clean_temporaries(directory) == [".step-00000019.dcp.a1.tmp"]
+
+
+_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from test_sharded import _train
+    _train(Path(sys.argv[1]), strategy=sys.argv[2], stop_after=9)
+""")
+
+
+@pytest.mark.parametrize(("strategy", "point"), [
+    ("sharded", "before-parts"), ("sharded", "during-metadata"), ("sharded", "before-rename"),
+    ("sharded", "before-pointer"), ("sharded-async", "during-persist"),
+    ("sharded-async", "after-metadata")])
+def test_a_crash_at_any_point_leaves_latest_on_the_previous_whole_checkpoint(
+        tmp_path: Path, strategy: str, point: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ECRL_CRASH_AT": f"sharded:{point}:2"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), strategy],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 137, proc.stderr
+    latest = read_latest(RunPaths.of(tmp_path / "run"))
+    assert latest is not None and latest.global_step == 3  # the 2nd checkpoint (7) never landed
+    read_verified_shards(tmp_path / "run" / "checkpoints" / latest.path,
+                         expected_checksum=latest.checksum)
+
+
+def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ECRL_CRASH_AT", "sharded:enospc:2")
+    with pytest.raises(CheckpointError, match=r"sharded checkpoint of step 7 failed: No space "
+                                              r"left on device \(.*__0_0\)"):
+        _train(tmp_path, strategy="sharded")
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.global_step == 3
