@@ -9,13 +9,21 @@ region with per-slot firing rules, and the live facts at every hint.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from transform.calls import check_single_entry
 from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
 from transform.liveness import LiveFacts, live_at_hints
-from transform.plan import Firing, RegionSchedule, ScheduleParams, schedule_region
+from transform.plan import (
+    Firing,
+    RegionSchedule,
+    ScheduleParams,
+    schedule_region,
+    static_total_time,
+)
 from transform.profile import Profile
 from transform.tasks import Hint, Region, TaskTree, build_task_tree
 
@@ -34,6 +42,12 @@ class AnalysisSuccess:
     profile: Profile | None = None
     segment_costs: Mapping[int, float] = field(default_factory=dict, repr=False)
     """Hint id → seconds of the code segment that ends at it."""
+    refusal: SourceIssue | None = None
+    """Why code generation will refuse the chosen checkpoints (a checkpointing function entered
+    more than once per run), so ``--explain`` says it before ``-o`` does."""
+    static_times: Mapping[str, float | None] = field(default_factory=dict, repr=False)
+    """With a profile: region → Σt from the source alone (``_cost`` and the static estimate),
+    to report the estimate's error against the measured ``RegionSchedule.total_time``."""
 
     @property
     def hints(self) -> tuple[Hint, ...]:
@@ -86,6 +100,19 @@ def _segment_costs(region: Region, out: dict[int, float]) -> None:
     walk(region.body)
 
 
+def _measured_segments(profile: Profile) -> dict[int, float]:
+    """Hint id → mean measured seconds of the code that ends at it (over every predecessor)."""
+    seconds: dict[int, float] = {}
+    seen: dict[int, int] = {}
+    for (before, after), mean in profile.transitions.items():
+        if after is None:
+            continue
+        n = profile.counts.get((before, after), 1)
+        seconds[after] = seconds.get(after, 0.0) + mean * n
+        seen[after] = seen.get(after, 0) + n
+    return {h: seconds[h] / seen[h] for h in seconds if seen[h]}
+
+
 def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
             profile: Profile | None = None) -> AnalysisResult:
     """Analyse a program: its hints, the chosen checkpoints and the live variables."""
@@ -116,5 +143,14 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
     costs: dict[int, float] = {}
     for region in tree.regions:
         _segment_costs(region, costs)
+    if profile is not None:
+        costs.update(_measured_segments(profile))
+    static = {r.name: static_total_time(r) for r in tree.regions} if profile else {}
+    chosen = {s.region for s in schedules if s.chosen}
+    entry = check_single_entry(tree.module, {
+        r.name: r.node for r in tree.regions
+        if r.name in chosen and isinstance(r.node, ast.FunctionDef)})
     return AnalysisSuccess(path=path, tree=tree, schedules=tuple(schedules), live=live,
-                           warnings=tree.warnings, profile=profile, segment_costs=costs)
+                           warnings=tree.warnings, profile=profile, segment_costs=costs,
+                           static_times=static,
+                           refusal=entry.issue(path) if entry is not None else None)

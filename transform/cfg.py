@@ -711,7 +711,9 @@ def build_cfg(region_node: ast.Module | ast.FunctionDef, statements: Sequence[as
         g.edge(e, builder.exit.id)
     builder.exit.uses |= declared_outer
     for n in g.nodes.values():
-        if n.kind == "hint" and n.node is not None and id(n.node) in hint_statements:
+        # By identity, not by name: CheckHint's checkpoint_fn_name gives hints other names.
+        if n.node is not None and id(n.node) in hint_statements:
+            n.kind = "hint"
             n.hint = hint_statements[id(n.node)]
             g.hint_nodes[n.hint] = n.id
     g.graph.add_nodes_from(g.nodes)

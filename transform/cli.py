@@ -7,6 +7,8 @@ Thin: flags here, work in :mod:`transform.analysis` and :mod:`transform.codegen`
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +16,8 @@ from pathlib import Path
 from ecrl.contract.errors import EcrlError
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+EXIT_PIPE = 128 + 13
+"""A reader that closed our output (``ecrl-transform --diff | head``): stop, as SIGPIPE would."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +107,9 @@ def _run(args: argparse.Namespace) -> int:
     if isinstance(result, AnalysisFailure):
         print(render_issue(result.issue, source), file=sys.stderr)
         return EXIT_ERROR
-    for warning in result.warnings:
-        print(f"warning: {warning.render()}", file=sys.stderr)
+    if not args.explain:  # --explain reports them itself, once
+        for warning in result.warnings:
+            print(f"warning: {warning.render()}", file=sys.stderr)
     if args.explain:
         print(explain_json(result) if args.format == "json" else explain_text(result))
         return EXIT_OK
@@ -120,9 +125,21 @@ def _run(args: argparse.Namespace) -> int:
     return _write(args, written, generated.code)
 
 
-def _write(args: argparse.Namespace, source: str, code: str) -> int:
+def _write_file(target: Path, code: str, *, mode_of: Path) -> None:
+    """Write atomically, keeping the permissions a user expects: an existing target keeps its
+    own, a new one gets the source's (the atomic write's temporary file is owner-only)."""
     from ecrl.contract.atomicio import atomic_write_text
 
+    try:
+        mode = stat.S_IMODE((target if target.exists() else mode_of).stat().st_mode)
+    except OSError:
+        mode = None
+    atomic_write_text(target, code)
+    if mode is not None:
+        os.chmod(target, mode)
+
+
+def _write(args: argparse.Namespace, source: str, code: str) -> int:
     if args.check:
         target = Path(args.output) if args.output else Path(args.src)
         try:
@@ -142,10 +159,10 @@ def _write(args: argparse.Namespace, source: str, code: str) -> int:
         return EXIT_OK
     if args.in_place:
         if code != source:
-            atomic_write_text(args.src, code)
+            _write_file(Path(args.src), code, mode_of=Path(args.src))
         return EXIT_OK
     if args.output:
-        atomic_write_text(args.output, code)
+        _write_file(Path(args.output), code, mode_of=Path(args.src))
         return EXIT_OK
     sys.stdout.write(code)
     return EXIT_OK
@@ -154,7 +171,16 @@ def _write(args: argparse.Namespace, source: str, code: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # Nobody reads the rest: stop quietly. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again and print a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except EcrlError as exc:
         print(f"ecrl-transform: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

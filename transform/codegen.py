@@ -46,6 +46,7 @@ from typing import Any
 import libcst as cst
 
 from transform.analysis import AnalysisSuccess
+from transform.calls import check_single_entry
 from transform.cfg import (
     free_names,
     import_binding,
@@ -815,6 +816,11 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
             message=f"checkpoints both at the module's top level and in {other}(): a resumed "
                     "program can continue only one of them; keep the hints of one level (or "
                     "call the function from a function)"))
+    functions = {name: node for name in chosen_regions
+                 if isinstance(node := regions[name].node, ast.FunctionDef)}
+    entry = check_single_entry(tree.module, functions)
+    if entry is not None:
+        raise SourceError(entry.issue(result.path))
 
     lines = source.splitlines()
     marks = _Marks(lines)

@@ -15,7 +15,6 @@ more tangled is refused with a message rather than approximated silently.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from transform import schedule as sched
 from transform.errors import ScheduleError
-from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq
+from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq, param_problem
 
 __all__ = [
     "EXPAND_LIMIT",
@@ -33,6 +32,7 @@ __all__ = [
     "schedule_region",
     "region_cut_count",
     "slot_positions",
+    "static_total_time",
 ]
 
 EXPAND_LIMIT = 2_000_000
@@ -41,6 +41,10 @@ DEFAULT_CKPT_COST = 10.0
 DEFAULT_MTBF = 86_400.0
 
 Slot = tuple[int, ...]
+_FLAGS = {"overhead": "--overhead", "ckpt_cost": "--ckpt-cost",
+          "failure_rate": "--failure-rate", "mtbf": "--mtbf"}
+"""The command-line flag of each parameter: a bad value is named by where it came from (the
+source's values are checked, with their position, when the task tree is built)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,17 +68,11 @@ class ScheduleParams:
             raise ScheduleError(f"objective must be budget or cost, got {self.objective!r}")
         if self.failure_rate is not None and self.mtbf is not None:
             raise ScheduleError("give --failure-rate or --mtbf, not both")
-        if self.overhead is not None and not (math.isfinite(self.overhead)
-                                              and self.overhead >= 0):
-            raise ScheduleError(f"--overhead must be a non-negative fraction, got {self.overhead}")
-        if self.ckpt_cost is not None and not (math.isfinite(self.ckpt_cost)
-                                               and self.ckpt_cost > 0):
-            raise ScheduleError(f"--ckpt-cost must be positive seconds, got {self.ckpt_cost}")
-        if self.failure_rate is not None and not 0 < self.failure_rate < 1:
-            raise ScheduleError(f"--failure-rate must be in (0, 1) per second, got "
-                                f"{self.failure_rate}")
-        if self.mtbf is not None and not (math.isfinite(self.mtbf) and self.mtbf > 0):
-            raise ScheduleError(f"--mtbf must be positive seconds, got {self.mtbf}")
+        for key, flag in _FLAGS.items():
+            value = getattr(self, key)
+            problem = param_problem(key, value) if value is not None else None
+            if problem is not None:
+                raise ScheduleError(f"{flag} {value:g}: {problem}")
 
     def merged(self, declared: object) -> ScheduleParams:
         """These parameters, with unset ones taken from ``declared`` (a RegionParams)."""
@@ -87,6 +85,22 @@ class ScheduleParams:
             rate, mtbf = self.failure_rate, self.mtbf  # the command line wins as a pair
         return ScheduleParams(overhead=pick("overhead"), ckpt_cost=pick("ckpt_cost"),
                               failure_rate=rate, mtbf=mtbf, objective=self.objective)
+
+    def resolved(self, declared: object = None, *,
+                 profile_cost: float | None = None) -> ScheduleParams:
+        """Every parameter decided, in one place: the command line, then the source
+        (``declared``, a RegionParams), then for ``t_c`` the profile's mean checkpoint cost,
+        then the defaults. Schedules and reports read only resolved parameters."""
+        mine = self.merged(declared) if declared is not None else self
+        ckpt_cost = mine.ckpt_cost
+        if ckpt_cost is None:
+            ckpt_cost = profile_cost if profile_cost is not None else DEFAULT_CKPT_COST
+        rate, mtbf = mine.failure_rate, mine.mtbf
+        if rate is None and mtbf is None:
+            mtbf = DEFAULT_MTBF
+        return ScheduleParams(
+            overhead=mine.overhead if mine.overhead is not None else DEFAULT_OVERHEAD,
+            ckpt_cost=ckpt_cost, failure_rate=rate, mtbf=mtbf, objective=mine.objective)
 
     def hazard(self) -> float:
         if self.failure_rate is None and self.mtbf is None:
@@ -273,22 +287,20 @@ def _single_loop(seq: Seq) -> tuple[float, Loop, float, float, float] | None:
     return pre, loop, head + loop.header_cost, tail, post + loop.header_cost
 
 
-def _budget(params: ScheduleParams, total: float, per_hint: Mapping[int, float],
-            cuts: int) -> int:
-    overhead = params.overhead if params.overhead is not None else DEFAULT_OVERHEAD
-    cost = params.ckpt_cost
-    if cost is None:
-        cost = float(np.mean(list(per_hint.values()))) if per_hint else DEFAULT_CKPT_COST
+def _budget(params: ScheduleParams, total: float, cuts: int) -> int:
+    """ℓ of resolved parameters (see :meth:`ScheduleParams.resolved`)."""
+    assert params.overhead is not None and params.ckpt_cost is not None
     if total <= 0:
         return 0
-    return min(sched.checkpoint_budget(total_time=total, overhead=overhead, ckpt_cost=cost),
-               cuts)
+    return min(sched.checkpoint_budget(total_time=total, overhead=params.overhead,
+                                       ckpt_cost=params.ckpt_cost), cuts)
 
 
 def _slot_cost(slot: Slot, params: ScheduleParams, per_hint: Mapping[int, float]) -> float:
     if any(h in per_hint for h in slot):
         return max(per_hint.get(h, 0.0) for h in slot)
-    return params.ckpt_cost if params.ckpt_cost is not None else DEFAULT_CKPT_COST
+    assert params.ckpt_cost is not None
+    return params.ckpt_cost
 
 
 def schedule_region(region: Region, params: ScheduleParams, *,
@@ -300,9 +312,10 @@ def schedule_region(region: Region, params: ScheduleParams, *,
     to measured seconds from a profile; ``per_hint_cost`` gives seconds per checkpoint at a hint
     (from the profile's save sizes) and overrides ``ckpt_cost`` where known.
     """
-    resolved = params.merged(region.params)
-    a = resolved.hazard()
     per_hint = dict(per_hint_cost or {})
+    resolved = params.resolved(region.params, profile_cost=float(np.mean(list(
+        per_hint.values()))) if per_hint else None)
+    a = resolved.hazard()
     cuts = region_cut_count(region)
     if cuts <= EXPAND_LIMIT:
         return _solve_flat(region, resolved, a, measured or {}, per_hint)
@@ -315,6 +328,20 @@ def schedule_region(region: Region, params: ScheduleParams, *,
     return _solve_loop(region, resolved, a, shape, per_hint)
 
 
+def static_total_time(region: Region) -> float | None:
+    """Σt of one run of ``region`` from the source alone (``_cost`` and the static estimate),
+    to set against a profile's measurement; None when the run is too large to flatten and not
+    one hint repeated by one loop."""
+    if region_cut_count(region) <= EXPAND_LIMIT:
+        pattern = _flatten(region.body, {})
+        return pattern.head + sum(pattern.times)
+    shape = _single_loop(region.body)
+    if shape is None:
+        return None
+    pre, loop, head, tail, post = shape
+    return pre + loop.iterations * (head + tail) + post
+
+
 def _solve_flat(region: Region, params: ScheduleParams, a: float,
                 measured: Mapping[tuple[int | None, int | None], float],
                 per_hint: Mapping[int, float]) -> RegionSchedule:
@@ -324,7 +351,7 @@ def _solve_flat(region: Region, params: ScheduleParams, a: float,
     n_cuts = len(pattern.cuts)
     budget: int | None = None
     if params.objective == "budget":
-        budget = _budget(params, total, per_hint, n_cuts)
+        budget = _budget(params, total, n_cuts)
         solution = sched.solve_budget(times, budget, a)
     else:
         costs = [_slot_cost(s, params, per_hint) for s in pattern.cuts]
@@ -371,7 +398,7 @@ def _solve_loop(region: Region, params: ScheduleParams, a: float,
     total = pre + count * period + post
     budget: int | None = None
     if params.objective == "budget":
-        budget = _budget(params, total, per_hint, count)
+        budget = _budget(params, total, count)
         run = sched.solve_run(pre=first_task, period=period, count=count, post=last_task,
                               budget=budget, a=a)
     else:

@@ -14,6 +14,7 @@ from typing import Any
 from transform.analysis import AnalysisSuccess
 from transform.errors import SourceIssue
 from transform.plan import Firing, RegionSchedule
+from transform.tasks import STATEMENT_SECONDS
 
 __all__ = ["render_issue", "explain_json", "explain_text", "JSON_KEYS"]
 
@@ -56,12 +57,25 @@ def _firing_json(f: Firing) -> dict[str, Any]:
     return out
 
 
-def _region_json(s: RegionSchedule) -> dict[str, Any]:
+def _estimate_error(static: float | None, measured: float) -> float | None:
+    """(static − measured) / measured: +1.0 means the source's estimate was twice the truth."""
+    if static is None or not measured > 0:
+        return None
+    return (static - measured) / measured
+
+
+def _region_json(s: RegionSchedule, result: AnalysisSuccess) -> dict[str, Any]:
+    static = result.static_times.get(s.region) if result.profile else None
     return {
         "name": s.region,
         "objective": s.params.objective,
         "budget": s.budget,
+        "overhead": s.params.overhead,
+        "ckpt_cost": s.params.ckpt_cost,
         "total_time": s.total_time,
+        "times": "measured" if result.profile else "static",
+        "static_total_time": static,
+        "estimate_error": _estimate_error(static, s.total_time) if result.profile else None,
         "tasks": s.task_count,
         "checkpoints": s.checkpoints,
         "hazard_per_s": s.hazard,
@@ -98,8 +112,9 @@ def explain_data(result: AnalysisSuccess) -> dict[str, Any]:
         "rebind": {str(h): list(f.rebind) for h, f in sorted(result.live.items())},
         "maybe_unbound": {str(h): list(f.maybe_unbound) for h, f in sorted(result.live.items())
                           if f.maybe_unbound},
-        "regions": [_region_json(s) for s in result.schedules],
+        "regions": [_region_json(s, result) for s in result.schedules],
         "warnings": [w.render() for w in result.warnings],
+        "refusal": result.refusal.render() if result.refusal is not None else None,
     }
 
 
@@ -117,16 +132,29 @@ def explain_text(result: AnalysisSuccess) -> str:
     out = [f"{result.path}: {len(result.hints)} hint(s), {len(result.chosen)} chosen"]
     for w in result.warnings:
         out.append(f"warning: {w.render()}")
+    if result.refusal is not None:
+        out.append(f"refused: no program will be written: {result.refusal.render()}")
+    if result.profile is None:
+        out.append(f"task times are static estimates ({STATEMENT_SECONDS * 1e3:g} ms per "
+                   "statement, `_cost` where declared), often far from the truth: measure "
+                   f"them with `ecrl-transform {result.path} --record-profile PROFILE` and "
+                   "reuse it with --profile PROFILE")
     for s in result.schedules:
         out.append("")
         rate = f"MTBF {1 / s.hazard:,.0f} s" if s.hazard > 0 else "no failures"
         if s.budget is not None:
-            limit = (f"budget {s.budget} checkpoint(s) (overhead "
-                     f"{s.params.overhead if s.params.overhead is not None else 0.05:g})")
+            limit = (f"budget {s.budget} checkpoint(s) (overhead {s.params.overhead:g}, "
+                     f"{s.params.ckpt_cost:.3g} s per checkpoint)")
         else:
             limit = "no budget: each checkpoint costs its time"
         out.append(f"region {s.region}: {s.task_count} task(s), {s.total_time:.4g} s per run, "
                    f"{rate}, {limit}")
+        if result.profile is not None:
+            static = result.static_times.get(s.region)
+            error = _estimate_error(static, s.total_time)
+            if static is not None and error is not None:
+                out.append(f"  measured {s.total_time:.4g} s per run; the static estimate was "
+                           f"{static:.4g} s ({error:+.0%})")
         out.append(f"  expected recovery: {_seconds(s.expected_recovery, s.expected_recovery_log)}"
                    f" with {s.checkpoints} checkpoint(s); "
                    f"{_seconds(s.without_recovery, s.without_recovery_log)} without")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ __all__ = [
     "is_hint_statement",
     "is_elif",
     "parse_source",
+    "param_problem",
 ]
 
 STATEMENT_SECONDS = 1e-3
@@ -57,7 +59,14 @@ STATEMENT_SECONDS = 1e-3
 declare ``_cost`` or profile when it matters)."""
 HINT_NAME = "_checkpoint"
 PARAMS_NAME = "checkpoint_params"
+CHECKHINT_NAME = "schedule_checkpoints"
+"""CheckHint's decorator (seed 001), read as a synonym with its own keywords."""
 _PARAM_KEYS = ("overhead", "ckpt_cost", "failure_rate", "mtbf")
+_CHECKHINT_KEYS = {"allowance": "overhead", "checkpoint_cost": "ckpt_cost",
+                   "failure_prob": "failure_rate"}
+_HINT_NAME_KEY = "checkpoint_fn_name"
+"""CheckHint's name for the hint function of the decorated function (``_checkpoint`` unless
+given)."""
 _UNSOUND_CALLS = {
     "exec": "exec() can bind and read any name",
     "eval": "eval() can read any name",
@@ -198,13 +207,13 @@ class TaskTree:
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_hint_call(node: ast.AST) -> bool:
+def _is_hint_call(node: ast.AST, names: frozenset[str] = frozenset((HINT_NAME,))) -> bool:
     if not isinstance(node, ast.Call):
         return False
     func = node.func
     if isinstance(func, ast.Name):
-        return func.id == HINT_NAME
-    return isinstance(func, ast.Attribute) and func.attr == HINT_NAME
+        return func.id in names
+    return isinstance(func, ast.Attribute) and func.attr in names
 
 
 def is_hint_statement(stmt: ast.AST) -> bool:
@@ -221,29 +230,91 @@ def _call_name(node: ast.Call) -> str | None:
     return None
 
 
-_ARITH = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult,
-          ast.FloorDiv, ast.Div, ast.Pow, ast.USub, ast.UAdd, ast.Mod)
+LITERAL_LIMIT = 10**100
+"""Largest magnitude a constant expression may reach at any step of its evaluation: bounds the
+work (``10**10**10`` is refused, not computed) and keeps every value a finite float."""
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
+              ast.Mod: operator.mod, ast.Pow: operator.pow}
 
 
-def _literal_number(expr: ast.expr) -> float | None:
-    """The value of a literal arithmetic expression (``10**9``, ``3_600 * 24``), else None."""
-    if isinstance(expr, ast.Constant):
-        value = expr.value
-        return value if type(value) is int or type(value) is float else None
-    tree = ast.Expression(body=expr)
-    for n in ast.walk(tree):
-        if not isinstance(n, _ARITH):
-            return None
-        if isinstance(n, ast.Constant) and (isinstance(n.value, bool)
-                                            or not isinstance(n.value, int | float)):
-            return None
+def _literal_number(expr: ast.expr) -> int | float | None:
+    """The value of a bounded constant arithmetic expression (``10**9``, ``3_600 * 24``), else
+    None: not a number, not constant, or beyond :data:`LITERAL_LIMIT` (never evaluated there)."""
     try:
-        value = eval(compile(tree, "<literal>", "eval"), {"__builtins__": {}}, {})
-    except (ArithmeticError, ValueError, OverflowError):
+        return _bounded(expr)
+    except (_Unbounded, ArithmeticError, ValueError):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if isinstance(value, float) else value
+
+
+class _Unbounded(Exception):
+    """An operand or result outside the bounded range (or not a literal number at all)."""
+
+
+def _checked(value: int | float) -> int | float:
+    if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > LITERAL_LIMIT:
+        raise _Unbounded
+    return value
+
+
+def _bounded(node: ast.expr) -> int | float:
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if type(value) is not int and type(value) is not float:
+            raise _Unbounded
+        return _checked(value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        operand = _bounded(node.operand)
+        return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _bounded(node.left), _bounded(node.right)
+        if isinstance(node.op, ast.Pow) and abs(left) > 1 and right > 0 and \
+                right * math.log10(abs(left)) > math.log10(LITERAL_LIMIT):
+            raise _Unbounded  # refused before it is computed: 10**10**10 would run for hours
+        if isinstance(node.op, ast.Pow) and left == 0 and right < 0:
+            raise ZeroDivisionError
+        value = _OPERATORS[type(node.op)](left, right)
+        if isinstance(value, complex):
+            raise _Unbounded
+        return _checked(value)
+    raise _Unbounded
+
+
+MAX_ITERATIONS = 10**18
+"""Largest ``_iterations`` accepted (a loop the schedule can still count exactly)."""
+_WHERE = {"_iterations": "as the first statement of the loop body",
+          "_cost": "in the stretch of code between hints that it times"}
+
+
+def _assignment_message(name: str) -> str:
+    return (f"`{name} = N` is an assignment: write it as an annotation, `{name}: N` "
+            f"(CheckHint's syntax), {_WHERE[name]}")
+
+
+def _range_count(*args: int) -> int:
+    """``len(range(*args))`` without its C-size limit (``range(10**30)`` has a length too);
+    a zero step, which range() rejects, counts none."""
+    start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    if step == 0:
+        return 0
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
+def _misspelt_annotation(stmt: ast.stmt) -> str | None:
+    """``_iterations = N`` (or ``_iterations: int = N``) with a number: meant as the hint
+    annotation (a variable of that name computed by the program is left alone)."""
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign) and _literal_number(stmt.value) is not None:
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None \
+            and _literal_number(stmt.value) is not None:
+        targets = [stmt.target]
+    for t in targets:
+        if isinstance(t, ast.Name) and t.id in ("_iterations", "_cost"):
+            return t.id
+    return None
 
 
 def _annotation_name(stmt: ast.stmt) -> str | None:
@@ -298,8 +369,13 @@ class _Scan:
         self.hint_statements: set[int] = set()
         self.facts: dict[int, _ScopeFacts] = {0: _ScopeFacts()}
         self.problem: tuple[ast.AST, str, str] | None = None
+        self.names = frozenset((HINT_NAME,))
+        """Names that call a hint here: ``_checkpoint``, and CheckHint's ``checkpoint_fn_name``
+        of the enclosing decorated function (or of a module-level call)."""
 
     def run(self, module: ast.Module) -> None:
+        self.names = self.hint_names(self.names, [s.value for s in module.body
+                                                  if isinstance(s, ast.Expr)])
         self.block(module.body, [], 0, inside="")
 
     def block(self, body: Sequence[ast.stmt], stack: list[ast.stmt], scope: int,
@@ -308,7 +384,7 @@ class _Scan:
             self.statement(stmt, stack, scope, inside)
 
     def statement(self, stmt: ast.stmt, stack: list[ast.stmt], scope: int, inside: str) -> None:
-        if isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value):
+        if isinstance(stmt, ast.Expr) and _is_hint_call(stmt.value, self.names):
             if inside == "class" and self.problem is None:
                 self.problem = (stmt, "hint-in-class",
                                 "_checkpoint() directly in a class body cannot be a checkpoint: "
@@ -330,7 +406,10 @@ class _Scan:
             for e in (*stmt.decorator_list, *_defaults(stmt.args)):
                 self.expr(e, scope, inside)
             self.facts[id(stmt)] = _ScopeFacts()
+            outer = self.names
+            self.names = self.hint_names(outer, stmt.decorator_list)
             self.block(stmt.body, [], id(stmt), inside="")
+            self.names = outer
             return
         stack.append(stmt)
         for _name, value in ast.iter_fields(stmt):
@@ -361,7 +440,7 @@ class _Scan:
         while todo:
             cur, where = todo.pop()
             if isinstance(cur, ast.Call):
-                if _is_hint_call(cur):
+                if _is_hint_call(cur, self.names):
                     self.bad_hint(cur, where)
                 elif isinstance(cur.func, ast.Name) and cur.func.id in _UNSOUND_CALLS \
                         and where != "lambda":
@@ -378,6 +457,23 @@ class _Scan:
             elif isinstance(cur, _COMPREHENSIONS) and where != "lambda":
                 where = "comprehension"
             todo.extend((c, where) for c in ast.iter_child_nodes(cur))
+
+    def hint_names(self, names: frozenset[str], exprs: Sequence[ast.expr]) -> frozenset[str]:
+        """``names`` plus CheckHint's ``checkpoint_fn_name="…"`` of any parameter call among
+        ``exprs``."""
+        for expr in exprs:
+            call = _params_call(expr)
+            for kw in call.keywords if call is not None else ():
+                if kw.arg != _HINT_NAME_KEY:
+                    continue
+                if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str) \
+                        and kw.value.value.isidentifier():
+                    names = names | {kw.value.value}
+                elif self.problem is None:
+                    self.problem = (kw.value, "bad-params",
+                                    f"{_HINT_NAME_KEY}= needs the hint function's name as a "
+                                    "string literal (like \"_checkpoint\")")
+        return names
 
     def bad_hint(self, call: ast.Call, where: str) -> None:
         if self.problem is not None:
@@ -432,11 +528,14 @@ class _Builder:
         if first is not None and _annotation_name(first) == "_iterations":
             assert isinstance(first, ast.AnnAssign)
             value = _literal_number(first.annotation)
-            if value is None or value < 0 or value != math.floor(value):
+            if value is None or value < 0 or value != int(value) or value > MAX_ITERATIONS:
                 raise self.fail(first.annotation, "bad-iterations",
-                                "_iterations needs a non-negative integer literal (like 1000 or "
-                                "10**6)")
+                                "_iterations needs a non-negative integer literal or a bounded "
+                                "constant expression (like 1000 or 10**6, at most 10**18)")
             return int(value), "annotation"
+        if first is not None and _misspelt_annotation(first) is not None:
+            raise self.fail(first, "iterations-assignment", _assignment_message(
+                _misspelt_annotation(first) or ""))
         if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) \
                 and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "range" \
                 and not loop.iter.keywords and 1 <= len(loop.iter.args) <= 3 \
@@ -444,7 +543,12 @@ class _Builder:
             values = [_literal_number(arg) for arg in loop.iter.args]
             if all(isinstance(v, int) for v in values):
                 ints = [int(v) for v in values if v is not None]
-                return len(range(*ints)) if ints[-1] or len(ints) < 3 else 0, "range"
+                count = _range_count(*ints)
+                if count > MAX_ITERATIONS and required:
+                    raise self.fail(loop.iter, "bad-iterations",
+                                    f"this range() has {count:.3g} iterations, more than the "
+                                    "10**18 a schedule can count: use a smaller bound")
+                return count, "range"
         if required:
             raise self.fail(loop, "unbounded-loop",
                             "this loop holds _checkpoint() hints but its iteration count is "
@@ -533,6 +637,10 @@ class _Builder:
             declared = None
 
         for index, stmt in enumerate(statements):
+            misspelt = _misspelt_annotation(stmt)
+            if misspelt is not None:
+                raise self.fail(stmt, f"{misspelt.lstrip('_')}-assignment",
+                                _assignment_message(misspelt))
             ann = _annotation_name(stmt)
             if ann == "_iterations":
                 if index != 0 or not loops:
@@ -631,25 +739,60 @@ def is_elif(lines: Sequence[str], node: ast.If) -> bool:
 
 
 def _params(builder: _Builder, calls: Sequence[ast.Call]) -> RegionParams:
+    """The schedule parameters written in the source, checked where they are written (a bad
+    value is blamed on its keyword and line, never on a command-line flag)."""
     values: dict[str, float] = {}
+    where: dict[str, ast.keyword] = {}
     for call in calls:
+        checkhint = _call_name(call) == CHECKHINT_NAME
+        keys = (*_CHECKHINT_KEYS, _HINT_NAME_KEY) if checkhint else _PARAM_KEYS
+        usage = f"{_call_name(call)} takes keywords {', '.join(keys)}"
         if call.args:
-            raise builder.fail(call.args[0], "bad-params",
-                               f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
+            raise builder.fail(call.args[0], "bad-params", usage)
         for kw in call.keywords:
-            if kw.arg not in _PARAM_KEYS:
-                raise builder.fail(kw, "bad-params",
-                                   f"checkpoint_params takes keywords {', '.join(_PARAM_KEYS)}")
+            if kw.arg not in keys:
+                raise builder.fail(kw, "bad-params", usage)
+            if kw.arg == _HINT_NAME_KEY:
+                if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+                        and kw.value.value.isidentifier()):
+                    raise builder.fail(kw.value, "bad-params",
+                                       f"{_HINT_NAME_KEY}= needs the hint function's name as a "
+                                       "string literal (like \"_checkpoint\")")
+                continue
             value = _literal_number(kw.value)
             if value is None:
                 raise builder.fail(kw.value, "bad-params",
-                                   f"checkpoint_params({kw.arg}=...) needs a number literal")
-            values[kw.arg] = float(value)
+                                   f"{_call_name(call)}({kw.arg}=...) needs a number literal")
+            key = _CHECKHINT_KEYS[kw.arg] if checkhint else kw.arg
+            problem = param_problem(key, float(value))
+            if problem is not None:
+                raise builder.fail(kw.value, "bad-params",
+                                   f"{_call_name(call)}({kw.arg}={value!r}): {problem}")
+            values[key] = float(value)
+            where[key] = kw
+    if "failure_rate" in values and "mtbf" in values:
+        raise builder.fail(where["mtbf"], "bad-params",
+                           "give a failure rate or an MTBF, not both")
     return RegionParams(**values)
 
 
+def param_problem(key: str, value: float) -> str | None:
+    """Why a schedule parameter's value is unusable, in words shared with the command line."""
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if key == "overhead" and value < 0:
+        return "the allowance is a non-negative fraction of run time (like 0.05)"
+    if key == "ckpt_cost" and value <= 0:
+        return "a checkpoint's cost is positive seconds"
+    if key == "failure_rate" and not 0 < value < 1:
+        return "the probability of a failure in one second is in (0, 1)"
+    if key == "mtbf" and value <= 0:
+        return "the mean time between failures is positive seconds"
+    return None
+
+
 def _params_call(expr: ast.expr) -> ast.Call | None:
-    if isinstance(expr, ast.Call) and _call_name(expr) == PARAMS_NAME:
+    if isinstance(expr, ast.Call) and _call_name(expr) in (PARAMS_NAME, CHECKHINT_NAME):
         return expr
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +22,6 @@ from ecrl.contract.runformat import JsonlReader, StepRecord
 from verifier.anomalies import Anomaly, AnomalySink, Location
 from verifier.coverage import EpochVerdict
 from verifier.lineage import AttemptPlan
-from verifier.windows import format_ids
 
 __all__ = ["report_epochs"]
 
@@ -34,8 +34,12 @@ _SCAN = 1 << 20
 
 def report_epochs(verdicts: Sequence[EpochVerdict], *, sink: AnomalySink,
                   geometry: semantics.Geometry, seed: int, chain: Sequence[AttemptPlan],
-                  rank_files: Mapping[tuple[int, int], tuple[Path, str]]) -> None:
-    """Turn judged epochs into anomalies, locating witnesses for the first few."""
+                  rank_files: Mapping[tuple[int, int], tuple[Path, str]],
+                  order_known: bool = True) -> None:
+    """Turn judged epochs into anomalies, locating witnesses for the first few.
+
+    ``order_known``: a missing sample's step can be found from ECRL's order (not for an
+    external sampler's run)."""
     located = 0
     for v in verdicts:
         dup_n, miss_n, extra_n = v.counts
@@ -54,57 +58,39 @@ def report_epochs(verdicts: Sequence[EpochVerdict], *, sink: AnomalySink,
             _sample_anomaly("extra_sample", v, int(x), where.get(int(x), []), first=i == 0)
             for i, x in enumerate(v.extra[:shown])))
         places = (_places(v, v.missing[:_PER_KIND], geometry, seed, chain)
-                  if locate and miss_n else {})
+                  if locate and miss_n and order_known else {})
         sink.add_many("missing_sample", miss_n, (
             _missing(v, int(x), places.get(int(x)), first=i == 0)
             for i, x in enumerate(v.missing[:shown])))
 
 
-def _scope(v: EpochVerdict, kind: str) -> str:
+def _scope(v: EpochVerdict, kind: str) -> dict[str, Any]:
+    """The epoch's full count of ``kind`` and its first IDs (shown after its first witness)."""
     n = {"duplicate_sample": v.counts[0], "missing_sample": v.counts[1],
          "extra_sample": v.counts[2]}[kind]
     ids = {"duplicate_sample": v.duplicates, "missing_sample": v.missing,
            "extra_sample": v.extra}[kind]
-    word = {"duplicate_sample": "duplicated", "missing_sample": "missing",
-            "extra_sample": "extra"}[kind]
-    return f"{n} {word} sample{'s' if n != 1 else ''} in epoch {v.epoch}: {format_ids(ids)}" \
-        + (f" (first {ids.size} shown)" if n > ids.size else "")
+    return {"count": n, "ids": ids.tolist()}
 
 
 def _sample_anomaly(kind: str, v: EpochVerdict, sample: int, found: list[Location], *,
                     first: bool) -> Anomaly:
     head = found[-1] if found else Location()
-    if kind == "duplicate_sample":
-        how = (" by " + " and ".join(_describe(f) for f in found[:2])) if found else ""
-        message = f"sample {sample} was consumed twice in epoch {v.epoch}{how}"
-    else:
-        how = (" by " + _describe(found[0])) if found else ""
-        message = (f"sample {sample} is not in epoch {v.epoch}'s committed windows but was "
-                   f"consumed{how}")
-    if first:  # the epoch's scope follows its first witness only
-        message += f"; {_scope(v, kind)}"
-    return Anomaly(kind=kind, message=message, file=head.file,
-                   line=head.line, attempt=head.attempt, step=head.step, rank=head.rank,
-                   epoch=v.epoch, sample_ids=(sample,), related=tuple(found[:-1]))
-
-
-def _describe(loc: Location) -> str:
-    return f"step {loc.step} rank {loc.rank} (attempt {loc.attempt}, {loc.file}:{loc.line})"
+    return Anomaly(kind=kind, file=head.file, line=head.line, attempt=head.attempt,
+                   step=head.step, rank=head.rank, epoch=v.epoch, sample_ids=(sample,),
+                   related=tuple(found[:-1]),
+                   evidence={"sample": sample, "scope": _scope(v, kind) if first else None})
 
 
 def _missing(v: EpochVerdict, sample: int, place: tuple[int, int | None] | None, *,
              first: bool) -> Anomaly:
-    scope = f"; {_scope(v, 'missing_sample')}" if first else ""
+    evidence = {"sample": sample, "scope": _scope(v, "missing_sample") if first else None}
     if place is None:
-        message = f"sample {sample} of epoch {v.epoch} was never consumed"
-        return Anomaly(kind="missing_sample", message=message + scope, epoch=v.epoch,
-                       sample_ids=(sample,))
+        return Anomaly(kind="missing_sample", epoch=v.epoch, sample_ids=(sample,),
+                       evidence=evidence)
     step, rank = place
-    who = f", rank {rank}" if rank is not None else ""
-    message = (f"sample {sample} of epoch {v.epoch} was never consumed: it belongs to step "
-               f"{step}{who}")
-    return Anomaly(kind="missing_sample", message=message + scope, epoch=v.epoch, step=step,
-                   rank=rank, sample_ids=(sample,))
+    return Anomaly(kind="missing_sample", epoch=v.epoch, step=step, rank=rank,
+                   sample_ids=(sample,), evidence=evidence)
 
 
 def _consumers(epoch: int, wanted: set[int], geometry: semantics.Geometry,

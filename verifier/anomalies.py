@@ -33,6 +33,15 @@ OBLIGATIONS: Mapping[str, str] = {
     "shards": "every rank's shard equals the expected shard, and recorded hashes match "
               "recorded IDs",
     "epochs": "per epoch, over the committed lineage: duplicates = 0, missing = 0, extra = 0",
+    "batch": "external sampler (audit): the ranks of every committed step consumed disjoint "
+             "samples, B in all",
+    "replay": "every step a failed attempt ran after its successor's resume point has the "
+              "same global loss when the successor ran it again (bit for bit at the same world "
+              "size, within the replay tolerance at another)",
+    "order": "with --same-order: two runs consume the same global window at every committed "
+             "step",
+    "state": "every resume loaded the checkpoint it names and restored every object it saved, "
+             "with the digest it was saved with",
 }
 """Proof obligation name -> what it states (ARCHITECTURE.md, "Committed lineage")."""
 
@@ -79,6 +88,24 @@ KINDS: Mapping[str, Kind] = {
         Kind("extra_sample", "epochs",
              "a sample outside the epoch's committed windows (or outside the dataset) was "
              "consumed"),
+        Kind("epoch_hash_mismatch", "epochs",
+             "external sampler, hash-only logs: an epoch's summed count and multiset hash differ "
+             "from those of the declared sample set (a duplicate, missing or extra sample)"),
+        Kind("global_batch_mismatch", "batch",
+             "external sampler: the ranks of a committed step consumed other than B samples in "
+             "all"),
+        Kind("rank_overlap", "batch",
+             "external sampler: two ranks consumed the same sample at the same step"),
+        Kind("replay_divergence", "replay",
+             "a replayed step's global loss differs between the failed attempt and its "
+             "successor (the resume did not restore the training state)"),
+        Kind("order_mismatch", "order",
+             "with --same-order: the two runs consumed different global windows at a step"),
+        Kind("state_digest_mismatch", "state",
+             "a resumed attempt loaded an object whose digest differs from the one its "
+             "checkpoint saved, or the state of another step"),
+        Kind("state_not_restored", "state",
+             "a resumed attempt did not restore an object its checkpoint saved"),
     )
 }
 """Every anomaly kind, in the order reports list them."""
@@ -109,8 +136,9 @@ class Anomaly:
 
     kind: str
     """A key of :data:`KINDS`."""
-    message: str
-    """One line: what is wrong at this witness."""
+    message: str = ""
+    """One line: what is wrong at this witness. Left empty, it is written from the anomaly's
+    data by the kind's explainer (:mod:`verifier.explain`)."""
     file: str | None = None
     """Log file (relative to the run directory) of the record that shows it."""
     line: int | None = None
@@ -126,12 +154,19 @@ class Anomaly:
     """Other records of the same witness (the first consumer of a duplicate, …)."""
     count: int = 1
     """How many items (steps, records or samples) this witness stands for."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    """The kind's own facts beyond the fields above (for example the checkpoint a resume
+    loaded, both losses of a replayed step); its explainer writes the message from them."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown anomaly kind {self.kind!r}")
         if self.count < 1:
             raise ValueError("an anomaly stands for at least one item")
+        if not self.message:
+            from verifier.explain import explain  # the prose layer, above this module
+
+            object.__setattr__(self, "message", explain(self))
 
     @property
     def obligation(self) -> str:

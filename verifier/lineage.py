@@ -232,12 +232,10 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
         if writer is None:
             recorded = sorted({r.event.global_step for j in range(k)
                                for r in checkpoints.get(j, ())})
-            shown = ", ".join(map(str, recorded[-8:])) or "none"
             anomalies.append(Anomaly(
                 kind="unknown_checkpoint", file="supervisor.json", attempt=k, step=c,
-                message=f"attempt {k} resumed from step {c}, but no earlier attempt recorded a "
-                        f"checkpoint at step {c} (recorded: {shown})",
-                expected="a checkpoint event at step " + str(c), actual="none"))
+                expected="a checkpoint event at step " + str(c), actual="none",
+                evidence={"recorded": recorded[-8:]}))
             writer = k - 1 if k > 0 else None
         bounds[k] = (lo, hi, writer)
         hi = c

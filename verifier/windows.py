@@ -42,12 +42,13 @@ class RecordContext:
     """None when the world size does not divide the global batch (no shard exists)."""
     geometry: semantics.Geometry
     seed: int
+    audit: bool = False
+    """An external sampler's run: no window to compare with (only the record's own fields)."""
     tentative: bool = False
     """The rows are tentative records of an unfinished run (after its last durable checkpoint):
     judged the same, and their witnesses say so."""
 
 
-_TENTATIVE = " (a tentative record: after the last durable checkpoint of an unfinished run)"
 
 
 def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordContext,
@@ -65,20 +66,18 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     steps = batch.steps[rows]
     lines = batch.first_line + rows
 
-    suffix = _TENTATIVE if ctx.tentative else ""
-
-    def record(kind: str, i: int, message: str, **extra: object) -> Anomaly:
-        return Anomaly(kind=kind, message=message + suffix, file=ctx.file, line=int(lines[i]),
-                       attempt=ctx.attempt, step=int(steps[i]), rank=ctx.rank,
+    def record(kind: str, i: int, evidence: dict[str, object], **extra: object) -> Anomaly:
+        """A witness at row ``i``; its explainer writes the message from ``evidence``."""
+        return Anomaly(kind=kind, file=ctx.file, line=int(lines[i]), attempt=ctx.attempt,
+                       step=int(steps[i]), rank=ctx.rank,
+                       evidence={**evidence, "tentative": ctx.tentative},
                        **extra)  # type: ignore[arg-type]
 
     attempt = batch.column("attempt")[rows]
     rank = batch.column("rank")[rows]
     bad = np.flatnonzero((attempt != ctx.attempt) | (rank != ctx.rank))
     sink.add_many("misplaced_record", int(bad.size), (
-        record("misplaced_record", int(i),
-               f"the record says attempt {attempt[i]}, rank {rank[i]}, but it is in the log of "
-               f"attempt {ctx.attempt}, rank {ctx.rank}",
+        record("misplaced_record", int(i), {"claims": (int(attempt[i]), int(rank[i]))},
                expected=f"attempt {ctx.attempt}, rank {ctx.rank}",
                actual=f"attempt {attempt[i]}, rank {rank[i]}") for i in bad))
 
@@ -90,9 +89,8 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     bad = np.flatnonzero(wrong)
     sink.add_many("world_size_mismatch", int(bad.size), (
         record("world_size_mismatch", int(i),
-               f"the record says world_size {world[i]}, local_batch {local[i]}; attempt "
-               f"{ctx.attempt} ran with world size {ctx.world_size}"
-               + (f" (local batch {ctx.local_batch})" if ctx.local_batch else ""),
+               {"says": (int(world[i]), int(local[i])), "world_size": ctx.world_size,
+                "local_batch": ctx.local_batch},
                expected=f"world_size {ctx.world_size}, local_batch {ctx.local_batch}",
                actual=f"world_size {world[i]}, local_batch {local[i]}") for i in bad))
 
@@ -102,8 +100,7 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     bad = np.flatnonzero((epoch != steps // s) | (cursor != steps % s))
     sink.add_many("wrong_cursor", int(bad.size), (
         record("wrong_cursor", int(i),
-               f"step {steps[i]} is (epoch {steps[i] // s}, cursor {steps[i] % s}) with "
-               f"{s} steps per epoch; the record says (epoch {epoch[i]}, cursor {cursor[i]})",
+               {"steps_per_epoch": s, "says": (int(epoch[i]), int(cursor[i]))},
                epoch=int(steps[i] // s),
                expected=f"epoch {steps[i] // s}, cursor_step {steps[i] % s}",
                actual=f"epoch {epoch[i]}, cursor_step {cursor[i]}") for i in bad))
@@ -120,13 +117,14 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
     bad_h = [i for i, (h, n) in own.items() if int(hashes[i]) != h or int(count[i]) != n]
     sink.add_many("hash_mismatch", len(bad_h), (
         record("hash_mismatch", i,
-               f"sample_ids_hash {semantics.format_hash(int(hashes[i]))} and count {count[i]} "
-               f"do not describe the {own[i][1]} logged IDs, which hash to "
-               f"{semantics.format_hash(own[i][0])}",
+               {"hash": int(hashes[i]), "count": int(count[i]), "ids_hash": own[i][0],
+                "ids_count": own[i][1]},
                expected=f"{semantics.format_hash(own[i][0])} ({own[i][1]} IDs)",
                actual=f"{semantics.format_hash(int(hashes[i]))} ({count[i]} IDs)")
         for i in bad_h))
 
+    if ctx.audit:
+        return int(rows.size), 0  # audited record by record; the samples are counted later
     if ctx.local_batch is None or not 0 <= ctx.rank < ctx.world_size:
         return 0, 0
     expected = semantics.shard_block(ctx.geometry, ctx.seed, steps, ctx.rank, ctx.world_size)
@@ -143,10 +141,8 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
             if len(found) < sink.wants("shard_mismatch"):
                 found.append(record(
                     "shard_mismatch", i,
-                    f"rank {ctx.rank} at step {steps[i]} logged {count[i]} IDs hashing to "
-                    f"{semantics.format_hash(int(hashes[i]))}; its shard is "
-                    f"{ctx.local_batch} IDs hashing to "
-                    f"{semantics.format_hash(int(expected_hash[i]))}",
+                    {"count": int(count[i]), "hash": int(hashes[i]),
+                     "local_batch": ctx.local_batch, "expected_hash": int(expected_hash[i])},
                     epoch=int(steps[i] // s), sample_ids=tuple(expected[i][:_SHOW].tolist()),
                     expected=f"{ctx.local_batch} IDs, hash "
                              f"{semantics.format_hash(int(expected_hash[i]))}",
@@ -162,9 +158,8 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
             absent = sorted(want_set - got_set)
             found.append(record(
                 "shard_mismatch", i,
-                f"rank {ctx.rank} at step {steps[i]} consumed {format_ids(ids)} instead of its "
-                f"shard {format_ids(expected[i])}: unexpected {format_ids(unexpected)}, absent "
-                f"{format_ids(absent)}",
+                {"ids": ids.tolist(), "shard": expected[i].tolist(), "unexpected": unexpected,
+                 "absent": absent},
                 epoch=int(steps[i] // s), sample_ids=tuple(unexpected[:_SHOW] or absent[:_SHOW]),
                 expected=format_ids(expected[i], 32), actual=format_ids(ids, 32)))
     sink.add_many("shard_mismatch", mismatches, found)

@@ -16,7 +16,8 @@ The job fails at rate ``λ = N·f`` (any GPU failing stops the job), so its MTBF
   checkpoint per failure and replays half a step: ``w_jit = f·o + N·f·r + N·f·m/2`` (the
   interception overhead, measured as nearly zero, is left out). ``1/c*`` equals Young's interval.
 - CheckHint (seed ``001_…`` §2): a program of total time ``T`` may hold
-  ``ℓ = ⌈allowance·T / o⌉`` checkpoints.
+  ``ℓ = ⌈allowance·T / o⌉`` checkpoints (:func:`transform.schedule.checkpoint_budget`, the
+  function ``ecrl-transform`` schedules with).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
+from transform.schedule import checkpoint_budget
 
 __all__ = ["AdviceInput", "Advice", "advise", "render_text"]
 
@@ -103,7 +105,8 @@ def advise(given: AdviceInput) -> Advice:
     c_star = math.sqrt(job_rate / (2.0 * o))
     wasted = 2.0 * math.sqrt(job_rate * o / 2.0) + job_rate * r
     wasted_jit = given.gpu_failure_rate * o + job_rate * r + job_rate * m / 2.0
-    budget = math.ceil(given.overhead * given.job_seconds / o)
+    budget = checkpoint_budget(total_time=given.job_seconds, overhead=given.overhead,
+                               ckpt_cost=o)
     return Advice(
         job_mtbf_s=mtbf,
         young_interval_s=young,

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from verifier_helpers import run_specs
 
 from verifier import render_text, verify_run
-from verifier.generate import RunSpec, committed_steps, generate_run
-from verifier.mutations import CATALOGUE, apply, judge
+from verifier.testing.generate import RunSpec, committed_steps, generate_run
+from verifier.testing.mutations import CATALOGUE, apply, judge
 
 # Each example is cheap (a few small files): at least 240 of them even in the ci profile.
 MANY = settings(max_examples=max(240, settings.default.max_examples))
@@ -75,7 +75,8 @@ RICH = [
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
             fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
-            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5),
+            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5,
+            digests=True),
     # Stopped mid-step after step 33 (the last durable checkpoint is step 29): tentative records.
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
             ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),

@@ -91,7 +91,7 @@ def _env(ckpt: Path) -> dict[str, str]:
 
 
 def _work_seconds(program: Path, ckpt: Path) -> float:
-    from transform._drive import DrivenRun
+    from transform.testing.drive import DrivenRun
 
     run = DrivenRun(program, program.parent, _env(ckpt))
     run.wait_ready(300)
