@@ -30,6 +30,7 @@ from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
 from ecrl.runtime import registry, statepack
 from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.digests import image_digests
 from ecrl.runtime.persist import CrashHook, commit_checkpoint
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
@@ -140,6 +141,8 @@ class BlockingCheckpoints(Strategy):
             buffer = self._ensure(state.layout.size)
             statepack.snapshot_into(state, memoryview(buffer))
             snapshot_s = time.perf_counter() - t1
+            digests = image_digests(memoryview(buffer)[:state.layout.size])
+            digest_s = time.perf_counter() - t1 - snapshot_s
             epoch, cursor = ctx.geometry.locate(step)
             try:
                 result = commit_checkpoint(
@@ -159,7 +162,8 @@ class BlockingCheckpoints(Strategy):
                 global_step=step, strategy=self.name, snapshot_s=snapshot_s,
                 write_s=result.write_s + result.publish_s, enqueue_s=0.0, backpressure_s=0.0,
                 stall_s=time.perf_counter() - t0, bytes=result.bytes, path=result.path,
-                extra={"publish_s": result.publish_s, "attempt": ctx.attempt},
+                extra={"publish_s": result.publish_s, "attempt": ctx.attempt,
+                       "digest_s": digest_s, "digests": digests},
             ))
 
     def close(self) -> None:
