@@ -29,6 +29,7 @@ from torch.utils.data import Sampler
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
 from ecrl.runtime._attempt import dist_rank_world, install_error_hook
+from ecrl.runtime.sampler import check_state
 
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
 
@@ -88,8 +89,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     # --- iteration -------------------------------------------------------------------------------
 
-    def expect_state(self, reason: str) -> None:
-        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending)."""
+    def expect_state(self, reason: str | None) -> None:
+        """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending, for
+        ``reason``); None lifts the refusal (there was nothing to resume from)."""
         self._pending = reason
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -159,15 +161,6 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from a saved position; its data set size, global batch and seed must be
         this sampler's."""
-        state = semantics.SamplerState.from_dict(state_dict)
-        if state.geometry != self.geometry or state.seed != self.seed:
-            raise SemanticsError(
-                f"the saved sampler state was built for D={state.geometry.dataset_size}, "
-                f"B={state.geometry.global_batch}, seed={state.seed}, this sampler has "
-                f"D={self.geometry.dataset_size}, B={self.geometry.global_batch}, "
-                f"seed={self.seed}: resume with the run's own data set, batch and seed, or start "
-                "a new run directory"
-            )
+        state = check_state(state_dict, self.geometry, self.seed)
         self._next = state.global_step
-        self._tracked = True
         self._pending = None

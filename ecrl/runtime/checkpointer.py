@@ -122,8 +122,8 @@ class Checkpointer:
             self.seed: int | None = log.seed
             self.target: int | None = log.steps if steps is None else steps
             if env is None:
-                log._checkpointing = {"strategy": self.strategy_name, "ckpt_every": self.every,
-                                      "fail_at": sorted(set(fail_at))}
+                log.declare_checkpointing(strategy=self.strategy_name, every=self.every,
+                                          fail_at=fail_at)
         else:
             sampler = samplers[0] if samplers else None
             self.geometry = sampler.geometry if sampler is not None else None
@@ -219,7 +219,7 @@ class Checkpointer:
         point = self._resume_point()
         if point is None:
             for sampler in self.samplers:
-                sampler._pending = None
+                sampler.expect_state(None)
             self._restore_rng(lambda: self._seed_rank(0))
             self._restored = 0
             return 0

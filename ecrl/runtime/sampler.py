@@ -1,4 +1,7 @@
-"""The resumable global-batch sampler: which sample IDs this rank consumes at each step.
+"""The resumable global-batch sampler as a plain iterator of ``(global_step, shard)``.
+
+The public, ``torch.utils.data`` face of the same order is :class:`ecrl.GlobalBatchSampler`
+(:mod:`ecrl.runtime.batch_sampler`); both load states through :func:`check_state`.
 
 A thin stateful layer over :mod:`ecrl.contract.semantics`, which defines the windows and shards.
 Its state is the next step's ``{epoch, cursor_step, seed}`` plus the geometry; a checkpoint taken
@@ -15,7 +18,7 @@ from typing import Any
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
 
-__all__ = ["ResumableSampler"]
+__all__ = ["ResumableSampler", "check_state"]
 
 
 class ResumableSampler:
@@ -57,13 +60,20 @@ class ResumableSampler:
 
     def load_state_dict(self, data: Mapping[str, Any]) -> None:
         """Continue from a saved position; the geometry and seed must be this run's."""
-        state = semantics.SamplerState.from_dict(data)
-        if state.geometry != self.geometry or state.seed != self.seed:
-            raise SemanticsError(
-                f"the checkpoint's sampler was built for D={state.geometry.dataset_size}, "
-                f"B={state.geometry.global_batch}, seed={state.seed}, this run has "
-                f"D={self.geometry.dataset_size}, B={self.geometry.global_batch}, "
-                f"seed={self.seed}: resume with the run's own settings"
-            )
-        self._state = state
+        self._state = check_state(data, self.geometry, self.seed)
         self._stream = None
+
+
+def check_state(data: Mapping[str, Any], geometry: semantics.Geometry, seed: int
+                ) -> semantics.SamplerState:
+    """A saved sampler position, refused in one line unless it belongs to ``geometry`` and
+    ``seed`` (the same data-set size, global batch and seed)."""
+    state = semantics.SamplerState.from_dict(data)
+    if state.geometry != geometry or state.seed != seed:
+        raise SemanticsError(
+            f"the saved sampler state was built for D={state.geometry.dataset_size}, "
+            f"B={state.geometry.global_batch}, seed={state.seed}, this sampler has "
+            f"D={geometry.dataset_size}, B={geometry.global_batch}, seed={seed}: resume with "
+            "the run's own data set, batch and seed, or start a new run directory"
+        )
+    return state

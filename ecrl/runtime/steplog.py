@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -147,6 +147,13 @@ class StepLog:
                                                "fail_at": []}
         self._writer: JsonlWriter | None = None
         self._last: int | None = None
+
+    def declare_checkpointing(self, *, strategy: str, every: int, fail_at: Sequence[int]
+                              ) -> None:
+        """What ``run.json`` says about checkpoints and failures when no supervisor set them
+        (:class:`ecrl.Checkpointer` calls this)."""
+        self._checkpointing = {"strategy": strategy, "ckpt_every": every,
+                               "fail_at": sorted(set(fail_at))}
 
     # --- run.json --------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -233,3 +234,28 @@ def test_the_strategy_registry_is_the_one_source(tmp_path: Path) -> None:
         assert make_strategy("custom-test", ctx).name == "custom-test"
     finally:
         del registry.REGISTRY["custom-test"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_sampler_rides_in_a_stateful_dataloader_state(workers: int) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader() -> Any:
+        sampler = ecrl.GlobalBatchSampler(64, 8, seed=1, steps=20)
+        return stateful.StatefulDataLoader(ecrl.WithSampleIds(Squares(64)),
+                                           batch_sampler=sampler, num_workers=workers)
+
+    whole = loader()
+    expected = [ids.tolist() for ids, _ in whole]
+    got = []
+    first = loader()
+    it = iter(first)
+    got += [next(it)[0].tolist() for _ in range(5)]
+    state = first.state_dict()
+    for _ in range(2):  # resume twice: a loaded sampler keeps counting
+        again = loader()
+        again.load_state_dict(state)
+        it = iter(again)
+        got += [next(it)[0].tolist() for _ in range(4)]
+        state = again.state_dict()
+    assert got == expected[:13]
