@@ -42,7 +42,12 @@ from ecrl.runtime import digests, statepack
 from ecrl.runtime._attempt import Attempt, resolve_attempt
 from ecrl.runtime.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.failure import FailurePlan, inject
-from ecrl.runtime.persist import checkpoint_step, clean_temporaries, read_latest
+from ecrl.runtime.persist import (
+    checkpoint_name,
+    checkpoint_step,
+    clean_temporaries,
+    read_latest,
+)
 from ecrl.runtime.registry import built_strategies
 from ecrl.runtime.steplog import StepLog
 from ecrl.runtime.strategies import CheckpointContext, Strategy, make_strategy
@@ -229,7 +234,7 @@ class Checkpointer:
             older = sorted(s for s in map(checkpoint_step, os.listdir(checkpoints))
                            if s is not None and s < step)
             if older:
-                step, path, checksum = older[-1], f"step-{older[-1]:08d}.ckpt", None
+                step, path, checksum = older[-1], checkpoint_name(older[-1]), None
         ckpt = read_verified(checkpoints / path, expected_checksum=checksum or None)
         meta = ckpt.meta
         if meta.get("global_step") != step:
