@@ -197,3 +197,30 @@ def test_a_standalone_resume_attests_the_state_it_loaded(
             assert lost not in restored["digests"]
         assert {k: v for k, v in restored["digests"].items() if k != lost} == {
             k: v for k, v in saved[5].items() if k != lost}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_dataloader_as_loaded_has_the_digest_it_was_saved_with(workers: int) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    class Squares(torch.utils.data.Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((4,), float(i))
+
+    def loader() -> Any:
+        sampler = ecrl.GlobalBatchSampler(64, 8, seed=1, steps=20)
+        return stateful.StatefulDataLoader(ecrl.WithSampleIds(Squares()),
+                                           batch_sampler=sampler, num_workers=workers)
+
+    first = loader()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    saved = digests.image_digests(memoryview(_image({"loader": first.state_dict()})))
+    again = loader()
+    assert digests.live_digest(again.state_dict()) != saved["loader"]  # a fresh position
+    again.load_state_dict(first.state_dict())
+    assert digests.live_digest(again.state_dict()) == saved["loader"]
