@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
+from ecrl.runtime.digests import image_digests
 from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CommitResult, CrashHook, checkpoint_name, commit_checkpoint
 
@@ -297,6 +298,9 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
 
     def write(msg: dict[str, Any], received: float) -> None:
         job, started = msg["job"], time.perf_counter()
+        # Per-object state digests, from the image itself: here, off the training path.
+        digests = image_digests(memoryview(buffers[msg["slot"]])[:msg["size"]])
+        digest_s = time.perf_counter() - started
 
         def record(written: CommitResult) -> None:
             # The event must be on disk before latest.json names the checkpoint (persist.py),
@@ -311,7 +315,8 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
                 snapshot_s=msg["snapshot_s"], write_s=written.write_s,
                 enqueue_s=timing["enqueue_s"], backpressure_s=msg["backpressure_s"],
                 stall_s=timing["stall_s"], bytes=written.bytes, path=written.path,
-                extra={"queue_s": started - received, "attempt": attempt},
+                extra={"queue_s": started - received, "attempt": attempt,
+                       "digest_s": digest_s, "digests": digests},
             ))
 
         try:

@@ -44,12 +44,12 @@ import torch
 import torch.distributed as dist
 
 from ecrl import __version__
-from ecrl.contract.atomicio import atomic_write_text
+from ecrl.contract.atomicio import atomic_write_bytes, atomic_write_text
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.semantics import Geometry, mix64_int
 from ecrl.contract.shardfile import VerifiedShards
-from ecrl.runtime import statepack
+from ecrl.runtime import digests, statepack
 from ecrl.runtime._attempt import Attempt, resolve_attempt
 from ecrl.runtime.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.deadline import (
@@ -62,7 +62,13 @@ from ecrl.runtime.deadline import (
 )
 from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
 from ecrl.runtime.jit import JitCheckpoints, exit_after_rescue
-from ecrl.runtime.persist import clean_temporaries, read_checkpoint, read_latest
+from ecrl.runtime.persist import (
+    checkpoint_name,
+    checkpoint_step,
+    clean_temporaries,
+    read_checkpoint,
+    read_latest,
+)
 from ecrl.runtime.registry import built_strategies
 from ecrl.runtime.steplog import StepLog
 from ecrl.runtime.strategies import (
@@ -175,6 +181,10 @@ class Checkpointer:
         self._watchdog = Watchdog(WatchdogConfig(bound_s=hang), self._on_hang) \
             if env is not None or hang_timeout is not None else None
         self._restored: int | None = None
+        # Set by a resume until the first step boundary writes restored.json: the step loaded,
+        # each object's digest as loaded, the saved RNG entry, and this rank's streams as set.
+        self._attest: tuple[int, dict[str, str], Any] | None = None
+        self._rng_live: dict[str, Any] | None = None
         # A checkpoint waits to be loaded: iterating the data before restore() would silently
         # restart the data order, so the samplers refuse until then.
         pending = self._resume_target()
@@ -266,6 +276,12 @@ class Checkpointer:
             self._start_guards(0)
             return 0
         step, path, checksum = point
+        fault = digests.restore_fault()
+        if fault == "previous_checkpoint":  # TEST ONLY (digests.restore_fault)
+            older = sorted(s for s in map(checkpoint_step, os.listdir(checkpoints))
+                           if s is not None and s < step)
+            if older:
+                step, path, checksum = older[-1], checkpoint_name(older[-1]), None
         # Either format, whatever this attempt's strategy: a run may change strategy between
         # attempts (a .ckpt file of rank 0, or a sharded .dcp directory).
         ckpt = read_checkpoint(checkpoints / path, expected_checksum=checksum or None)
@@ -294,17 +310,33 @@ class Checkpointer:
                 f"{ckpt.path}: holds {', '.join(keys)}, this Checkpointer has "
                 f"{', '.join(sorted(self.state))}: checkpoint the same objects under the same "
                 "names as the run that wrote it")
+        loaded: dict[str, str] = {}
         for key, obj in self.state.items():
-            _unwrap(obj).load_state_dict(saved[key])
+            wanted = saved[key]
+            if fault == "skip_scheduler" and key == "scheduler":  # TEST ONLY
+                continue
+            if fault == "drop_optimizer" and key == "optimizer":  # TEST ONLY
+                wanted = {**wanted, "state": {}}
+            _unwrap(obj).load_state_dict(wanted)
+            if self.rank == 0:  # the digest of the state as loaded, from the live object
+                loaded[key] = digests.live_digest(_unwrap(obj).state_dict())
+        self._attest = (step, loaded, saved[RNG_KEY])
         nxt = step + 1
         for sampler in self.samplers:
             if sampler.next_step != nxt:
                 raise CheckpointError(f"{ckpt.path}: its sampler position (step "
                                       f"{sampler.next_step}) disagrees with its step {step}")
         ranks = saved[RNG_KEY]["ranks"]
-        if self.rank < len(ranks):
+        if fault == "skip_rng":  # TEST ONLY: the saved streams are never set
+            pass
+        elif self.rank < len(ranks):
             mine = ranks[self.rank]
-            self._restore_rng(lambda: statepack.set_rng_state(mine))
+
+            def load_rng() -> None:
+                statepack.set_rng_state(mine)
+                self._rng_live = statepack.rng_state()
+
+            self._restore_rng(load_rng)
         else:
             self._restore_rng(lambda: self._seed_rank(nxt))
         self._restored = nxt
@@ -338,6 +370,28 @@ class Checkpointer:
         if self.seed is not None:
             seed_all(rank_seed(self.seed, self.rank, step))
 
+    def _write_restored(self) -> None:
+        """``restored.json`` (rank 0, atomic): the digests of the state this attempt loaded.
+
+        At the first step boundary rather than in restore(): the RNG streams are set when the
+        first batch is drawn, and every rank's streams as set are gathered here."""
+        assert self._attest is not None
+        step, loaded, saved_rng = self._attest
+        self._attest = None
+        live: list[Any] = [self._rng_live]
+        if self.world_size > 1:
+            gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(self._rng_live, gathered, dst=0)
+            live = gathered or []
+        if self.rank != 0:
+            return
+        rng = digests.rng_as_loaded(saved_rng, live)
+        if rng is not None:
+            loaded = {**loaded, RNG_KEY: digests.live_digest(rng)}
+        record = {"schema_version": 1, "global_step": step, "digests": dict(sorted(loaded.items()))}
+        atomic_write_bytes(self.run.paths.attempt_dir(self.run.attempt) / digests.RESTORED_FILE,
+                           (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
     # --- the step boundary -----------------------------------------------------------------------
 
     def after_step(self, step: int) -> None:
@@ -348,6 +402,8 @@ class Checkpointer:
                               "the loop, and start the loop at the step it returns")
         for sampler in self.samplers:
             sampler.step_done(step)
+        if self._attest is not None:
+            self._write_restored()
         strategy = self._build_strategy()
         if self._jit is not None:
             self._jit.step_completed(step)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import mmap
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
 from ecrl.runtime import registry, statepack
 from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.digests import image_digests
 from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CrashHook, checkpoint_name, commit_checkpoint
 
@@ -66,6 +68,11 @@ def _gather_rng(ctx: CheckpointContext) -> list[dict[str, Any]]:
     gathered: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     return gathered or []
+
+
+def _timed_digests(image: memoryview) -> tuple[dict[str, str], float]:
+    t0 = time.perf_counter()
+    return image_digests(image), time.perf_counter() - t0
 
 
 def _barrier(ctx: CheckpointContext) -> None:
@@ -115,6 +122,12 @@ class BlockingCheckpoints(Strategy):
         self._events = JsonlWriter(ctx.paths.checkpoint_log(ctx.attempt)) if ctx.rank == 0 \
             else None
         self._crash = CrashHook.from_env(attempt=ctx.attempt)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _digester(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-digests")
+        return self._pool
 
     def _ensure(self, size: int) -> mmap.mmap:
         need = size + FOOTER_SIZE
@@ -141,6 +154,10 @@ class BlockingCheckpoints(Strategy):
             buffer = self._ensure(state.layout.size)
             statepack.snapshot_into(state, memoryview(buffer))
             snapshot_s = time.perf_counter() - t1
+            # The digests are hashed from the image while it is written and fsynced (hashlib
+            # releases the GIL), so they add little or nothing to the stall.
+            digesting = self._digester().submit(_timed_digests,
+                                                memoryview(buffer)[:state.layout.size])
             epoch, cursor = ctx.geometry.locate(step)
             try:
                 result = commit_checkpoint(
@@ -152,6 +169,7 @@ class BlockingCheckpoints(Strategy):
                     f"{exc.strerror or exc} ({exc.filename or ctx.paths.checkpoints})"
                 raise CheckpointError(
                     f"writing the checkpoint of step {step} failed: {why}") from None
+            digests, digest_s = digesting.result()
         _barrier(ctx)
         if ctx.rank == 0 and self._events is not None:
             # After the barrier, so that stall_s covers the whole boundary, publication included.
@@ -161,10 +179,13 @@ class BlockingCheckpoints(Strategy):
                 global_step=step, strategy=self.name, snapshot_s=snapshot_s,
                 write_s=result.write_s + result.publish_s, enqueue_s=0.0, backpressure_s=0.0,
                 stall_s=time.perf_counter() - t0, bytes=result.bytes, path=result.path,
-                extra={"publish_s": result.publish_s, "attempt": ctx.attempt},
+                extra={"publish_s": result.publish_s, "attempt": ctx.attempt,
+                       "digest_s": digest_s, "digests": digests},
             ))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         if self._events is not None:
             self._events.close()
         if self._buffer is not None:
