@@ -26,6 +26,7 @@ number, checkpoint to resume from, failures still to inject) from the ``ECRL_*``
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -146,6 +147,11 @@ class Trainer:
             self._write_final(model)
         if self.world_size > 1:
             dist.barrier()
+        # DDP's reducer must go before its process group: with gloo, destroying the group under a
+        # live reducer aborts the process at exit now and then ("terminate called without an
+        # active exception"), and the supervisor would relaunch a run that had completed.
+        del ckpt, optimizer, scheduler, ddp
+        gc.collect()
         dist.destroy_process_group()
         return 0
 

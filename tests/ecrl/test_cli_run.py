@@ -35,20 +35,6 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [["--strategy", "sharded"], ["--strategy", "jit"],
-                                  ["--deadline", "2030-01-01T00:00"]])
-def test_later_strategies_are_not_built_yet(tmp_path: Path, args: list[str]) -> None:
-    out = ecrl("run", "--out", "run", *args, cwd=tmp_path)
-    assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "not available in this version" in out.stderr
-    assert "a later issue" not in out.stderr
-    if args[0] == "--strategy":
-        assert "use none, blocking or overlapped" in out.stderr
-    else:
-        assert "--ckpt-every" in out.stderr
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_out_must_be_a_run_or_empty(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "thesis.tex").write_text("precious")
@@ -71,7 +57,7 @@ def test_run_flags_are_pinned() -> None:
         "--strategy", "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids",
         "--max-restarts", "--deadline", "--keep-checkpoints", "--lr", "--image-size",
         "--threads", "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint",
-        "--rdzv-id", "--rdzv-conf"])
+        "--rdzv-id", "--rdzv-conf", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s"])
 
 
 def test_demo_never_replaces_a_directory_that_is_not_a_run(tmp_path: Path) -> None:

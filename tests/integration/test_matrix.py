@@ -33,6 +33,7 @@ pytestmark = pytest.mark.torchrun
 TINY = """
 [matrix]
 reference = "none"
+strategies = ["blocking", "overlapped"]
 
 [run]
 steps = 20
