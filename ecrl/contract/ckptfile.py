@@ -45,6 +45,8 @@ __all__ = [
     "checksum_of",
     "VerifiedCheckpoint",
     "read_verified",
+    "check_committed",
+    "parse_format_document",
 ]
 
 MAGIC = b"ECRLCKP1"
@@ -128,6 +130,33 @@ def checksum_of(path: str | os.PathLike[str]) -> str:
     return f"{CHECKSUM_ALGORITHM}:{footer[len(FOOTER_TAG):].hex()}"
 
 
+def check_committed(path: Path, actual: str, expected: str | None) -> None:
+    """Refuse a checkpoint whose checksum is not the one ``latest.json`` recorded for it."""
+    if expected is not None and expected != actual:
+        raise CheckpointError(
+            f"{path}: checksum {actual[:23]}… differs from the {expected[:23]}… recorded "
+            "in latest.json: the checkpoint was replaced or damaged after it was committed"
+        )
+
+
+def parse_format_document(path: Path, raw: bytes, *, name: str, version: int
+                          ) -> dict[str, Any]:
+    """The JSON object that describes a checkpoint (a file's header, a sharded checkpoint's
+    manifest), refused in one line unless it names format ``name`` at ``version``."""
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: header is not valid JSON ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise CheckpointError(f"{path}: header does not describe an {name} checkpoint")
+    if document.get("version") != version:
+        raise CheckpointError(
+            f"{path}: checkpoint format version {document.get('version')!r}, this ECRL reads "
+            f"{version}: resume with the ECRL version that wrote it"
+        )
+    return document
+
+
 @dataclass(frozen=True, slots=True)
 class VerifiedCheckpoint:
     """A checkpoint read whole and checked; ``data`` holds the file bytes (writable)."""
@@ -182,24 +211,11 @@ def read_verified(path: str | os.PathLike[str], *, expected_checksum: str | None
             f"{p}: checksum mismatch (footer says {CHECKSUM_ALGORITHM}:{claimed.hex()[:16]}…, "
             f"content hashes to {digest.hex()[:16]}…): the checkpoint is corrupt"
         )
-    if expected_checksum is not None and expected_checksum != actual:
-        raise CheckpointError(
-            f"{p}: checksum {actual[:23]}… differs from the {expected_checksum[:23]}… recorded "
-            "in latest.json: the file was replaced or damaged after it was committed"
-        )
+    check_committed(p, actual, expected_checksum)
     if _PREFIX.size + header_len > body:
         raise CheckpointError(f"{p}: header length {header_len} runs past the end of the file")
-    try:
-        header = json.loads(bytes(data[_PREFIX.size : _PREFIX.size + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{p}: header is not valid JSON ({exc})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{p}: header does not describe an {FORMAT_NAME} checkpoint")
-    if header.get("version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{p}: checkpoint format version {header.get('version')!r}, this ECRL reads "
-            f"{FORMAT_VERSION}: resume with the ECRL version that wrote it"
-        )
+    header = parse_format_document(p, bytes(data[_PREFIX.size : _PREFIX.size + header_len]),
+                                   name=FORMAT_NAME, version=FORMAT_VERSION)
     data_start = _align(_PREFIX.size + header_len)
     for entry in header.get("tensors", []):
         if data_start + int(entry["offset"]) + int(entry["nbytes"]) > body:

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
+from ecrl.contract.ckptfile import (
+    CHECKSUM_ALGORITHM,
+    CheckpointError,
+    check_committed,
+    parse_format_document,
+)
 
 __all__ = ["SUFFIX", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "tensor_key",
            "file_checksum", "encode_manifest", "VerifiedShards", "read_verified_shards"]
@@ -93,21 +98,8 @@ def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str
     except OSError as exc:
         raise CheckpointError(f"{manifest_path}: cannot read: {exc.strerror}") from None
     actual = f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(raw).hexdigest()}"
-    if expected_checksum is not None and expected_checksum != actual:
-        raise CheckpointError(
-            f"{manifest_path}: checksum {actual[:23]}… differs from the {expected_checksum[:23]}… "
-            "recorded in latest.json: the checkpoint was replaced or damaged after it was "
-            "committed")
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{manifest_path}: not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{manifest_path}: does not describe an {FORMAT_NAME} checkpoint")
-    if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{manifest_path}: format version {manifest.get('version')!r}, this ECRL reads "
-            f"{FORMAT_VERSION}: resume with the ECRL version that wrote it")
+    check_committed(manifest_path, actual, expected_checksum)
+    manifest = parse_format_document(manifest_path, raw, name=FORMAT_NAME, version=FORMAT_VERSION)
     parts = manifest.get("parts")
     if not isinstance(parts, dict) or METADATA_FILE not in parts:
         raise CheckpointError(f"{manifest_path}: lists no DCP metadata among its parts")

@@ -22,7 +22,6 @@ resumes from the checkpoint global rank 0's supervisor chose (the checkpointer b
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import sys
@@ -39,10 +38,9 @@ from ecrl.contract.runformat import (
     RunPaths,
     SupervisorState,
     read_json_record,
-    write_json_record,
 )
 from ecrl.runtime.runconfig import RunConfig
-from ecrl.runtime.supervisor import Supervisor
+from ecrl.runtime.supervisor import LOCK_FILE, Supervisor
 
 __all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_program", "run_launch"]
 
@@ -132,20 +130,17 @@ class LaunchSupervisor(Supervisor):
         return self.paths.root / f"supervisor-node-{self.node_rank}.json"
 
     def _save(self) -> None:
-        write_json_record(self._state_path, self.state)
+        # Through the base class's writer: a full disk keeps the previous file whole and ends
+        # the run with one line, as for `ecrl run`.
+        self._write(self._state_path, self.state)
 
-    def _take_lock(self) -> None:
-        name = (".supervisor.lock" if self.node_rank == 0
-                else f".supervisor-node-{self.node_rank}.lock")
-        handle = open(self.paths.root / name, "ab")  # noqa: SIM115 - held for the run
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise ConfigError(f"{self.paths.root} is in use by another ecrl launch"
-                              + (f" of node {self.node_rank}" if self.config.nnodes > 1 else "")
-                              + "; wait for it or stop it first") from None
-        self._lock = handle
+    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ecrl launch") -> None:
+        # One lock per node: several nodes may share one --out.
+        if self.node_rank:
+            name = f".supervisor-node-{self.node_rank}.lock"
+        if self.config.nnodes > 1:
+            holder = f"{holder} of node {self.node_rank}"
+        Supervisor._take_lock(self, name, holder)  # slots dataclass: no zero-argument super()
 
     def _torchrun_log(self, attempt: int) -> Path:
         if self.node_rank == 0:

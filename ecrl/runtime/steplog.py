@@ -241,6 +241,10 @@ class StepLog:
         elif epoch is None or cursor_step is None:
             raise ConfigError("with an external sampler, log.step needs epoch= and cursor_step= "
                               "from your loop")
+        elif int(epoch) < 0 or int(cursor_step) < 0:
+            # Refused here, in the loop, rather than as a schema error the verifier meets later.
+            raise ConfigError(f"log.step({step}): epoch={epoch} and cursor_step={cursor_step} "
+                              "must be non-negative (the loop's epoch and its step within it)")
         if self._writer is None:
             self.ensure_manifest()
             self._writer = JsonlWriter(self.paths.rank_log(self.attempt, self.rank))

@@ -411,13 +411,13 @@ class Supervisor:
                               "rank": marker.rank})
         return {**state.extra, "injected_failures": fired}
 
-    def _take_lock(self) -> None:
-        handle = open(self.paths.root / LOCK_FILE, "ab")  # noqa: SIM115 - held for the run
+    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ecrl run") -> None:
+        handle = open(self.paths.root / name, "ab")  # noqa: SIM115 - held for the run
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            raise ConfigError(f"{self.paths.root} is in use by another ecrl run; wait for it or "
+            raise ConfigError(f"{self.paths.root} is in use by {holder}; wait for it or "
                               "stop it first") from None
         self._lock = handle
 

@@ -191,6 +191,8 @@ def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) 
                        dataset_size=64, global_batch=8, steps=4)
     with pytest.raises(ConfigError, match="needs epoch= and cursor_step="):
         log.step(0, sample_ids=np.arange(8))
+    with pytest.raises(ConfigError, match="must be non-negative"):
+        log.step(0, sample_ids=np.arange(8), epoch=0, cursor_step=-5)
     log.step(0, sample_ids=np.arange(8), epoch=0, cursor_step=0, loss=torch.tensor(0.5))
     log.close()
     manifest = read_json_record(tmp_path / "run.json", RunManifest)

@@ -102,3 +102,18 @@ def test_cli_rejects_a_node_rank_outside_the_nodes(tmp_path: Path, script: Path,
                      "python", str(script)])
     assert code == 2
     assert "--node-rank 1 must be in 0..0" in capsys.readouterr().err
+
+
+def test_a_full_disk_keeps_the_launch_state_file_whole(tmp_path: Path, script: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launch supervisor writes its per-node state through the same writer as `ecrl run`:
+    # ENOSPC leaves the previous version whole and says so, instead of a traceback.
+    from ecrl.runtime.supervisor import _DiskFull
+
+    out = tmp_path / "run"
+    assert _open(_supervisor(out, (str(script),)))
+    before = (out / "supervisor.json").read_text()
+    monkeypatch.setenv("ECRL_CRASH_AT", "supervisor:enospc:1")
+    with pytest.raises(_DiskFull, match="no space left on device"):
+        _open(_supervisor(out, ()))
+    assert (out / "supervisor.json").read_text() == before
