@@ -1,0 +1,68 @@
+"""Case 4: torchdata's ``StatefulDataLoader`` (two workers) resumed from its own ``state_dict``.
+
+The loader and its ``StatefulDistributedSampler`` ride in the checkpoint (the loader is
+Stateful); the loop derives its epoch from the restored step, as trainers commonly do
+(``epoch = step // steps_per_epoch``), and trusts the loader to continue where it stopped.
+Run it killed in the middle of an epoch and killed right after an epoch's last step:
+
+    ecrl launch --out RUN --nproc 2 --steps 15 --ckpt-every 1 --fail-at 7 \\
+        -- python docs/examples/case_stateful_dataloader.py
+    ecrl launch --out RUN --nproc 2 --steps 15 --ckpt-every 1 --fail-at 9 \\
+        -- python docs/examples/case_stateful_dataloader.py
+    ecrl-verify RUN
+"""
+
+from __future__ import annotations
+
+from _case_common import (
+    Points,
+    external_step_log,
+    finish,
+    init_distributed,
+    make_model,
+    parse_args,
+    train_step,
+)
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+import ecrl
+
+
+def main() -> None:
+    args = parse_args(dataset_size=40, global_batch=8, steps=15,
+                      extra=[("--workers", {"type": int, "default": 2})])
+    _, world = init_distributed()
+    data = ecrl.WithSampleIds(Points(args.dataset_size, args.seed))
+    sampler = StatefulDistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
+    loader = StatefulDataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
+                                drop_last=True, num_workers=args.workers)
+    steps_per_epoch = len(loader)
+    log = external_step_log(args.run_dir,
+                            name="torchdata.stateful_dataloader.StatefulDataLoader",
+                            sampler_class="StatefulDistributedSampler", workers=args.workers,
+                            steps=args.steps, dataset_size=args.dataset_size,
+                            global_batch=args.global_batch, seed=args.seed,
+                            steps_per_epoch=steps_per_epoch)
+    model, optimizer = make_model(args.seed)
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loader": loader}, log=log)
+    step = ckpt.restore()
+    epoch = step // steps_per_epoch
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for ids, (x, y) in loader:  # a restored loader continues its epoch by itself
+            loss = train_step(model, optimizer, x, y)
+            log.step(step, sample_ids=ids, loss=loss, epoch=epoch,
+                     cursor_step=step - epoch * steps_per_epoch)
+            ckpt.after_step(step)
+            step += 1
+            if step == args.steps:
+                break
+        epoch += 1
+    ckpt.close()
+    log.close()
+    finish()
+
+
+if __name__ == "__main__":
+    main()
