@@ -112,6 +112,55 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return Supervisor(config).run()
 
 
+def _add_launch_flags(p: argparse.ArgumentParser) -> None:
+    # The supervisor's settings only: data, model, batch and steps are the script's own.
+    p.add_argument("--out", metavar="DIR", help="run directory (created; continued if it exists)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="processes per node, the same for every attempt")
+    p.add_argument("--world-sizes", metavar="W0,W1,…",
+                   help="world size of attempt 0, 1, …; the last one repeats (default 1)")
+    p.add_argument("--ckpt-every", type=int, metavar="K",
+                   help="checkpoint after every K-th step (default 50; 0: never)")
+    p.add_argument("--strategy", metavar="NAME", help="none, blocking or overlapped (default)")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="overlapped: pending background writes before back-pressure (default 2)")
+    p.add_argument("--fail-at", metavar="STEPS",
+                   help="inject a failure after these global steps, e.g. 400,1200")
+    p.add_argument("--fail-rank", type=int, metavar="R", help="rank that fails (default 0)")
+    p.add_argument("--max-restarts", type=int, metavar="N",
+                   help="relaunches allowed after failures (default: failures injected + 3)")
+    p.add_argument("--keep-checkpoints", type=int, metavar="K",
+                   help="retention: keep the newest K >= 2 checkpoints (default 2)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="OMP_NUM_THREADS per rank (default: cores / ranks per node)")
+    p.add_argument("--nnodes", type=int, metavar="N",
+                   help="torchrun --nnodes; one ecrl launch per node (docs/library.md)")
+    p.add_argument("--node-rank", type=int, metavar="K", default=0,
+                   help="this node's number; node 0 keeps supervisor.json (default 0)")
+    p.add_argument("--rdzv-backend", metavar="NAME", help="torchrun --rdzv-backend")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
+    p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id (same on every node)")
+    p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
+                   help="the training script and its arguments (omit to continue a run)")
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import time
+
+    from ecrl.runtime.launcher import LAUNCH_KEYS, launch_config, normalize_program, run_launch
+
+    flags = {key: getattr(args, key) for key in LAUNCH_KEYS}
+    flags["out"] = args.out
+    if args.nproc is not None:
+        if args.world_sizes is not None:
+            raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
+                              "(one per attempt), not both")
+        flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+    config = launch_config(flags, default_out=time.strftime("runs/launch-%Y%m%d-%H%M%S"))
+    return run_launch(config, normalize_program(args.program), node_rank=args.node_rank)
+
+
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from ecrl.apps.selfcheck import run_selfcheck
 
@@ -189,6 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one training run under the supervisor")
     _add_run_flags(run)
     run.set_defaults(func=_cmd_run)
+
+    launch = sub.add_parser(
+        "launch", help="a user's own training script under the supervisor",
+        description="Run SCRIPT under torchrun with failure injection, world-size schedule, "
+        "relaunch and continue: ecrl launch [options] -- python train.py ARGS "
+        "(see docs/library.md).")
+    _add_launch_flags(launch)
+    launch.set_defaults(func=_cmd_launch)
 
     matrix = sub.add_parser("matrix", help="the experiment matrix (suites × variants)")
     matrix.add_argument("config", metavar="CONFIG")

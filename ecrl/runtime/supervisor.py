@@ -219,6 +219,10 @@ class Supervisor:
     err: Callable[[str], None] = field(
         default=lambda line: print(line, file=sys.stderr, flush=True))
     poll_s: float = 0.25
+    name: str = "run"
+    """The command, in messages (``ecrl run``, ``ecrl launch``)."""
+    program: tuple[str, ...] = ("-m", "ecrl.runtime.trainer")
+    """What torchrun runs on every rank (``ecrl launch``: the user's script and its arguments)."""
     paths: RunPaths = field(init=False)
     manifest: RunManifest = field(init=False)
     state: SupervisorState = field(init=False)
@@ -308,12 +312,14 @@ class Supervisor:
         else:
             launch = ["--nnodes", str(c.nnodes), "--rdzv-backend", c.rdzv_backend or "c10d",
                       "--rdzv-endpoint", str(c.rdzv_endpoint),
-                      "--rdzv-id", c.rdzv_id or f"ecrl-{self.paths.root.name}-{attempt}"]
+                      # One rendezvous per attempt: an agent of a dead attempt still up on
+                      # another node can never join the next one.
+                      "--rdzv-id", f"{c.rdzv_id or 'ecrl-' + self.paths.root.name}-{attempt}"]
             if c.rdzv_conf:
                 launch += ["--rdzv-conf", c.rdzv_conf]
         return [sys.executable, "-m", "torch.distributed.run", *launch,
                 "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-                "--monitor-interval", "0.5", "-m", "ecrl.runtime.trainer"]
+                "--monitor-interval", "0.5", *self.program]
 
     def _attempt_env(self, attempt: int, pointer: LatestPointer | None,
                      fail_at: list[int]) -> AttemptEnv:
@@ -392,14 +398,17 @@ class Supervisor:
         if self._lock is not None:
             self._lock.close()
 
+    def _header(self) -> str:
+        m = self.manifest
+        return (f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
+                f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
+                f"{m.strategy} every {m.ckpt_every} · world sizes "
+                f"{','.join(map(str, m.world_sizes))}")
+
     def run(self) -> int:
         if not self._open_run():
             return EXIT_OK
-        m = self.manifest
-        self.out(f"ecrl run: {self.paths.root} · {m.dataset['name']} D={m.dataset_size} · "
-                 f"{m.model} · B={m.global_batch} · {m.target_steps} steps · strategy "
-                 f"{m.strategy} every {m.ckpt_every} · world sizes "
-                 f"{','.join(map(str, m.world_sizes))}")
+        self.out(self._header())
         relaunches = 0
         with self._signals():
             while True:
@@ -473,7 +482,7 @@ class Supervisor:
             self._print_summary()
             return EXIT_OK
         if outcome.status == "stopped":
-            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl run --out "
+            self.out(f"[attempt {attempt}] stopped after step {last}; run `ecrl {self.name} --out "
                      f"{self.paths.root}` again to continue")
             self._finish("stopped")
             return EXIT_STOPPED
@@ -502,7 +511,7 @@ class Supervisor:
     def _print_summary(self) -> None:
         from ecrl.runtime.summary import render_summary, summarize
 
-        self.out(f"ecrl run: done; run directory {self.paths.root}")
+        self.out(f"ecrl {self.name}: done; run directory {self.paths.root}")
         for line in render_summary(summarize(str(self.paths.root))):
             self.out(f"  {line}")
 
@@ -512,7 +521,8 @@ class Supervisor:
             text = path.read_text(errors="replace").splitlines()
             # The ranks' own one-line reports say more than torchrun's summary of them; failing
             # that, the first traceback (a rank's; torchrun's own comes after it).
-            shown = [line for line in text if line.startswith("ecrl trainer (rank")][-lines:]
+            shown = [line for line in text
+                     if line.startswith(("ecrl trainer (rank", "ecrl (rank"))][-lines:]
             if not shown and "Traceback (most recent call last):" in text:
                 start = text.index("Traceback (most recent call last):")
                 end = next((i for i in range(start + 1, len(text))

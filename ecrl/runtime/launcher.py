@@ -1,0 +1,263 @@
+"""``ecrl launch``: the supervisor around a user's own training script (torch-free).
+
+``ecrl launch [options] -- python train.py ARGS`` runs ``train.py`` under torchrun on every rank of
+every attempt, exactly as ``ecrl run`` runs the built-in trainer (which is ``ecrl launch`` of
+``-m ecrl.runtime.trainer``): world-size schedule, injected failures, relaunch from the last
+durable checkpoint, Ctrl-C and continue with ``ecrl launch --out SAME``, ``supervisor.json`` and
+the same summary. The script learns its attempt from the ``ECRL_*`` environment
+(:mod:`ecrl.runtime.launchenv`) through the library (:class:`ecrl.StepLog`,
+:class:`ecrl.Checkpointer`), so its own arguments stay its own.
+
+What differs from ``ecrl run``: the data set, the model, the global batch and the number of steps
+are the script's business. The script's :class:`ecrl.StepLog` writes ``run.json`` on the first
+attempt; the supervisor reads the target step from it once it exists. The supervisor's own
+settings (world sizes, checkpoint strategy and interval, failures) are kept in
+``supervisor.json`` under ``launch``, so that ``ecrl launch --out DIR`` alone continues a run.
+
+Several nodes: one ``ecrl launch`` per node, all with the same ``--nnodes``, ``--rdzv-endpoint``,
+``--rdzv-id`` and ``--out`` on a file system every node shares; ``--node-rank 0`` on exactly one of
+them, which keeps ``supervisor.json`` (the others keep ``supervisor-node-K.json``). Every rank
+resumes from the checkpoint global rank 0's supervisor chose (the checkpointer broadcasts it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ecrl.contract import semantics
+from ecrl.contract.errors import ConfigError
+from ecrl.contract.runformat import (
+    RunManifest,
+    RunPaths,
+    SupervisorState,
+    read_json_record,
+    write_json_record,
+)
+from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.supervisor import Supervisor
+
+__all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_program", "run_launch"]
+
+LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
+               "max_restarts", "keep_checkpoints", "threads", "nnodes", "rdzv_backend",
+               "rdzv_endpoint", "rdzv_id", "rdzv_conf")
+"""The settings of ``ecrl launch`` (a subset of ``ecrl run``'s; the rest is the script's)."""
+_SAME_RUN_KEYS = ("world_sizes", "ckpt_every", "strategy", "fail_at")
+_PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def normalize_program(argv: Sequence[str]) -> tuple[str, ...]:
+    """What torchrun runs: ``python train.py A`` → ``train.py A`` (torchrun's own interpreter,
+    the one ECRL runs in), ``python -m pkg A`` → ``-m pkg A``, another program → ``--no-python``.
+    """
+    args = list(argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        return ()
+    head = args[0]
+    if os.path.basename(head) in _PYTHONS or head == sys.executable:
+        args = args[1:]
+        if not args:
+            raise ConfigError("ecrl launch: `python` needs a script or -m MODULE to run")
+        if args[0] == "-m":
+            if len(args) < 2:
+                raise ConfigError("ecrl launch: `python -m` needs a module name")
+            return ("-m", *args[1:])
+        if args[0].startswith("-"):
+            raise ConfigError(f"ecrl launch: python option {args[0]} is not supported: run "
+                              "`python SCRIPT ARGS` or `python -m MODULE ARGS`")
+        head, args = args[0], args[1:]
+    elif not head.endswith(".py"):
+        return ("--no-python", *args)
+    else:
+        args = args[1:]
+    script = Path(head)
+    if not script.is_file():
+        raise ConfigError(f"ecrl launch: {head}: no such script")
+    return (str(script.resolve()), *args)
+
+
+def launch_config(flags: Mapping[str, Any], *, default_out: str) -> RunConfig:
+    """The supervisor's settings for ``ecrl launch`` (flags given: values that are not None).
+
+    They are validated by :class:`RunConfig`, whose checks the launch shares; its data-set and
+    model fields are not used. The global batch is the script's: here it is the least common
+    multiple of the world sizes, so that :class:`RunConfig` does not refuse a world size on its
+    behalf (the script's :class:`ecrl.GlobalBatchSampler` checks ``B % W`` with the real B).
+    """
+    given = {k: v for k, v in flags.items() if v is not None}
+    unknown = sorted(set(given) - set(LAUNCH_KEYS) - {"out"})
+    if unknown:
+        raise ConfigError(f"ecrl launch has no setting {unknown[0]!r}")
+    explicit = frozenset(given)
+    values = {"out": default_out, **given}
+    return _config(values, explicit)
+
+
+def _config(values: Mapping[str, Any], explicit: frozenset[str]) -> RunConfig:
+    from ecrl.runtime.runconfig import parse_int_list
+
+    worlds = parse_int_list("--world-sizes", values.get("world_sizes", (1,)))
+    batch = math.lcm(*worlds) if worlds and all(w > 0 for w in worlds) else 1
+    return RunConfig.from_dict({**values, "global_batch": batch}, explicit=explicit)
+
+
+def _stored(config: RunConfig) -> dict[str, Any]:
+    data = config.to_dict()
+    return {k: data[k] for k in LAUNCH_KEYS}
+
+
+@dataclass(slots=True)
+class LaunchSupervisor(Supervisor):
+    """:class:`Supervisor` of a user's script; one per node (``node_rank``)."""
+
+    node_rank: int = 0
+
+    # --- per-node files --------------------------------------------------------------------------
+
+    @property
+    def _state_path(self) -> Path:
+        if self.node_rank == 0:
+            return self.paths.supervisor
+        return self.paths.root / f"supervisor-node-{self.node_rank}.json"
+
+    def _save(self) -> None:
+        write_json_record(self._state_path, self.state)
+
+    def _take_lock(self) -> None:
+        name = (".supervisor.lock" if self.node_rank == 0
+                else f".supervisor-node-{self.node_rank}.lock")
+        handle = open(self.paths.root / name, "ab")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise ConfigError(f"{self.paths.root} is in use by another ecrl launch"
+                              + (f" of node {self.node_rank}" if self.config.nnodes > 1 else "")
+                              + "; wait for it or stop it first") from None
+        self._lock = handle
+
+    def _next_attempt(self) -> int:
+        if self.config.nnodes > 1:
+            # The other nodes create attempt folders in the shared directory too: count our own
+            # attempts only, so that every node numbers an attempt the same.
+            numbers = [a.attempt for a in self.state.attempts]
+            return max(numbers) + 1 if numbers else 0
+        return Supervisor._next_attempt(self)
+
+    # --- the run directory -----------------------------------------------------------------------
+
+    def _open_run(self) -> bool:
+        root = Path(self.config.out).resolve()
+        self.paths = RunPaths.of(root)
+        if self._state_path.exists():
+            state = read_json_record(self._state_path, SupervisorState)
+            stored = state.extra.get("launch", {})
+            program = tuple(stored.get("program", ()))
+            if self.program and program and tuple(self.program) != program:
+                raise ConfigError(
+                    f"{root} was launched with `{' '.join(program)}`, not "
+                    f"`{' '.join(self.program)}`: continue it with `ecrl launch --out {root}` "
+                    "alone, or use a new --out")
+            self.program = tuple(self.program) or program
+            old = stored.get("config", {})
+            given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
+            for key in _SAME_RUN_KEYS:
+                if key in given and key in old and given[key] != old[key]:
+                    raise ConfigError(
+                        f"{root} was launched with --{key.replace('_', '-')} {old[key]}, not "
+                        f"{given[key]}: continue it with its own settings or use a new --out")
+            self.config = _config({**old, **given, "out": str(root)}, self.config.explicit)
+            self._take_lock()
+            if state.status == "completed":
+                self.out(f"ecrl launch: {root} is already complete; nothing to do")
+                return False
+            attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
+            self.state = replace(state, attempts=attempts, status="running")
+            self.out(f"ecrl launch: resuming {root} ({len(attempts)} earlier attempts)")
+        else:
+            if not self.program:
+                raise ConfigError("ecrl launch: name the script to run, e.g. `ecrl launch --out "
+                                  "DIR -- python train.py`")
+            if self.node_rank == 0 and root.exists() and any(root.iterdir()):
+                raise ConfigError(f"--out {root} exists and is not an ecrl launch run: choose a "
+                                  "new or empty directory")
+            root.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+            self.state = SupervisorState(attempts=[], restarts=0, status="running", extra={
+                "injected_failures": [],
+                "launch": {"program": list(self.program), "config": _stored(self.config),
+                           "node_rank": self.node_rank}})
+        self._refresh_manifest()
+        self._save()
+        return True
+
+    def _refresh_manifest(self) -> None:
+        """``run.json`` once the script wrote it (else a placeholder naming no target); the
+        supervisor's own settings always come from the launch."""
+        c = self.config
+        ours: dict[str, Any] = {"strategy": c.strategy, "ckpt_every": c.effective_ckpt_every,
+                "fail_at": sorted(set(c.fail_at)), "world_sizes": list(c.world_sizes)}
+        if self.paths.manifest.exists():
+            self.manifest = replace(read_json_record(self.paths.manifest, RunManifest), **ours)
+            return
+        self.manifest = RunManifest(
+            seed=0, dataset={"name": "(set by the script)", "size": 1}, global_batch=1,
+            steps_per_epoch=1, target_steps=0,
+            permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
+                         "version": semantics.PERMUTATION_VERSION},
+            log_ids=False, model="(set by the script)",
+            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **ours)
+
+    # --- attempts --------------------------------------------------------------------------------
+
+    def _header(self) -> str:
+        c = self.config
+        node = f" · node {self.node_rank} of {c.nnodes}" if c.nnodes > 1 else ""
+        return (f"ecrl launch: {self.paths.root} · {' '.join(self.program)} · strategy "
+                f"{c.strategy} every {c.effective_ckpt_every} · world sizes "
+                f"{','.join(map(str, c.world_sizes))}{node}")
+
+    def _launch(self, attempt: int, world: int, pointer: Any, fail_at: list[int]) -> int:
+        self._refresh_manifest()
+        code = Supervisor._launch(self, attempt, world, pointer, fail_at)
+        self._refresh_manifest()
+        return code
+
+    def _conclude(self, outcome: Any, relaunches: int) -> int | None:
+        if outcome.status == "failed" and outcome.exit_code == 0 and outcome.fatal is None:
+            # The script ended normally short of its target: relaunching would do the same.
+            target = self.manifest.target_steps
+            why = ("it wrote no step log (use ecrl.StepLog)" if not self.paths.manifest.exists()
+                   else f"its step log ends at step {outcome.last_step}, run.json's target is "
+                        f"step {target - 1}")
+            self.err(f"ecrl launch: error: the script exited 0 but {why}; ECRL cannot call the "
+                     "run complete")
+            self._finish("failed")
+            return 2
+        return Supervisor._conclude(self, outcome, relaunches)
+
+    def _print_summary(self) -> None:
+        if self.node_rank != 0:
+            self.out(f"ecrl launch: node {self.node_rank} done; the run's summary is node 0's "
+                     f"(run directory {self.paths.root})")
+            return
+        Supervisor._print_summary(self)
+
+
+def run_launch(config: RunConfig, program: Sequence[str], *, node_rank: int = 0) -> int:
+    """``ecrl launch``: supervise ``program`` (already normalized) until the run ends."""
+    if node_rank < 0 or node_rank >= config.nnodes:
+        raise ConfigError(f"--node-rank {node_rank} must be in 0..{config.nnodes - 1} "
+                          f"(--nnodes {config.nnodes})")
+    return LaunchSupervisor(config, name="launch", program=tuple(program),
+                            node_rank=node_rank).run()
