@@ -34,8 +34,12 @@ _SCAN = 1 << 20
 
 def report_epochs(verdicts: Sequence[EpochVerdict], *, sink: AnomalySink,
                   geometry: semantics.Geometry, seed: int, chain: Sequence[AttemptPlan],
-                  rank_files: Mapping[tuple[int, int], tuple[Path, str]]) -> None:
-    """Turn judged epochs into anomalies, locating witnesses for the first few."""
+                  rank_files: Mapping[tuple[int, int], tuple[Path, str]],
+                  order_known: bool = True) -> None:
+    """Turn judged epochs into anomalies, locating witnesses for the first few.
+
+    ``order_known``: a missing sample's step can be found from ECRL's order (not for an
+    external sampler's run)."""
     located = 0
     for v in verdicts:
         dup_n, miss_n, extra_n = v.counts
@@ -54,7 +58,7 @@ def report_epochs(verdicts: Sequence[EpochVerdict], *, sink: AnomalySink,
             _sample_anomaly("extra_sample", v, int(x), where.get(int(x), []), first=i == 0)
             for i, x in enumerate(v.extra[:shown])))
         places = (_places(v, v.missing[:_PER_KIND], geometry, seed, chain)
-                  if locate and miss_n else {})
+                  if locate and miss_n and order_known else {})
         sink.add_many("missing_sample", miss_n, (
             _missing(v, int(x), places.get(int(x)), first=i == 0)
             for i, x in enumerate(v.missing[:shown])))

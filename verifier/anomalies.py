@@ -33,6 +33,13 @@ OBLIGATIONS: Mapping[str, str] = {
     "shards": "every rank's shard equals the expected shard, and recorded hashes match "
               "recorded IDs",
     "epochs": "per epoch, over the committed lineage: duplicates = 0, missing = 0, extra = 0",
+    "batch": "external sampler (audit): the ranks of every committed step consumed disjoint "
+             "samples, B in all",
+    "replay": "every step a failed attempt ran after its successor's resume point has the "
+              "same global loss when the successor ran it again (bit for bit at the same world "
+              "size, within the replay tolerance at another)",
+    "order": "with --same-order: two runs consume the same global window at every committed "
+             "step",
 }
 """Proof obligation name -> what it states (ARCHITECTURE.md, "Committed lineage")."""
 
@@ -79,6 +86,19 @@ KINDS: Mapping[str, Kind] = {
         Kind("extra_sample", "epochs",
              "a sample outside the epoch's committed windows (or outside the dataset) was "
              "consumed"),
+        Kind("epoch_hash_mismatch", "epochs",
+             "external sampler, hash-only logs: an epoch's summed count and multiset hash differ "
+             "from those of the declared sample set (a duplicate, missing or extra sample)"),
+        Kind("global_batch_mismatch", "batch",
+             "external sampler: the ranks of a committed step consumed other than B samples in "
+             "all"),
+        Kind("rank_overlap", "batch",
+             "external sampler: two ranks consumed the same sample at the same step"),
+        Kind("replay_divergence", "replay",
+             "a replayed step's global loss differs between the failed attempt and its "
+             "successor (the resume did not restore the training state)"),
+        Kind("order_mismatch", "order",
+             "with --same-order: the two runs consumed different global windows at a step"),
     )
 }
 """Every anomaly kind, in the order reports list them."""

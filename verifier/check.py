@@ -15,6 +15,7 @@ that says how far the run is proved and how to continue it.
 
 from __future__ import annotations
 
+import math
 import shlex
 import time
 from collections.abc import Callable
@@ -24,12 +25,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError
 from ecrl.contract.runformat import find_runs, is_run_dir
 from verifier import goodput
 from verifier._scan import Batch, RankLog
 from verifier._witness import report_epochs
 from verifier.anomalies import Anomaly, AnomalySink, Location, Note
+from verifier.audit import AuditCoverage, EpochHashes, StepAudit
 from verifier.coverage import (
     EpochVerdict,
     Interval,
@@ -43,6 +46,7 @@ from verifier.coverage import (
 )
 from verifier.errors import Unusable, VerifierError
 from verifier.lineage import AttemptPlan, Lineage, lineage_of
+from verifier.replay import DEFAULT_TOLERANCE, ReplayTracker
 from verifier.result import (
     AttemptSummary,
     RunResult,
@@ -51,6 +55,7 @@ from verifier.result import (
     Verdict,
     VerifyResult,
 )
+from verifier.sameorder import compare_order
 from verifier.schema import RunInputs, read_inputs
 from verifier.windows import RecordContext, check_records, format_ids
 
@@ -79,7 +84,8 @@ class _RunCheck:
 
     def __init__(self, inputs: RunInputs, lineage: Lineage, *, want_series: bool,
                  reference_loss: npt.NDArray[np.float64] | None,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, want_windows: bool = False,
+                 replay_tolerance: float = DEFAULT_TOLERANCE) -> None:
         self.inputs = inputs
         self.lineage = lineage
         self.geometry = inputs.geometry
@@ -100,8 +106,27 @@ class _RunCheck:
         self.notes: list[Note] = [*inputs.notes, *lineage.notes]
         self.unknown: list[str] = []
         self.aborted = False
-        self.samples = (SampleCoverage(self.geometry, self.manifest.seed, self.end)
-                        if self.manifest.log_ids else None)
+        self.audit = inputs.audit
+        self.samples: SampleCoverage | None = None
+        if self.manifest.log_ids:
+            self.samples = (AuditCoverage(self.geometry, self.end,
+                                          require_all=inputs.epoch_coverage == "all")
+                            if self.audit else
+                            SampleCoverage(self.geometry, self.manifest.seed, self.end))
+        # Audit mode (an external sampler): steps judged across ranks, epochs by hash when
+        # only hashes are logged.
+        self.step_audit = (StepAudit(global_batch=self.geometry.global_batch, sink=self.sink)
+                           if self.audit else None)
+        self.epoch_hashes = (EpochHashes() if self.audit and not self.manifest.log_ids
+                             and inputs.epoch_coverage == "all" else None)
+        self.replay = ReplayTracker(plans=lineage.plans,
+                                    global_batch=self.geometry.global_batch,
+                                    deterministic=inputs.deterministic,
+                                    tolerance=replay_tolerance, sink=self.sink)
+        # --same-order: each committed step's global window as count + multiset hash (the
+        # hash is additive, so the ranks' hashes sum to the window's at any world size).
+        self.win_hash = np.zeros(self.target, dtype=np.uint64) if want_windows else None
+        self.win_count = np.zeros(self.target, dtype=np.int64) if want_windows else None
         self.finished_epochs: set[int] = set()
         self.late_records = 0
         self.irregular = False
@@ -141,8 +166,9 @@ class _RunCheck:
     def _scan_attempt(self, plan: AttemptPlan) -> None:
         k, w = plan.attempt, plan.world_size
         b = self.geometry.global_batch
-        local = b // w if b % w == 0 else None
-        if local is None:
+        # An external sampler's ranks may hold unequal shares of B: only their sum is checked.
+        local = b // w if b % w == 0 and not self.audit else None
+        if local is None and not self.audit:
             self.sink.add(Anomaly(
                 kind="world_size_mismatch", file="supervisor.json", attempt=k,
                 message=f"attempt {k} ran with world size {w}, which does not divide the global "
@@ -165,8 +191,9 @@ class _RunCheck:
             readers.append(RankLog(
                 path, attempt=k, rank=rank, world_size=w, local_batch=local,
                 geometry=self.geometry, seed=self.manifest.seed, torn_ok=plan.torn_ok,
-                start_step=plan.lo,
-                log_ids=self.manifest.log_ids, want_loss=self.want_series))
+                start_step=plan.lo, fast=not self.audit,
+                log_ids=self.manifest.log_ids,
+                want_loss=self.want_series or self.replay.wants(k)))
         stats = self.stats[k]
         stats.timeline_rank = min((r.rank for r in readers), default=None)
         streams = [(r, r.batches()) for r in readers]
@@ -191,6 +218,9 @@ class _RunCheck:
                     self._judge_epochs(self.samples.finish_before(reach))
             self._say(f"attempt {k}: {self.records:,} records read")
         self.fast_records += sum(r.fast_records for r in readers)
+        if self.step_audit is not None:
+            self.step_audit.drop_attempt(k)
+        self.replay.attempt_done(k)
         self._say(f"attempt {k} done ({self.records:,} records so far)", force=True)
 
     def _take(self, plan: AttemptPlan, reader: RankLog, batch: Batch) -> None:
@@ -224,7 +254,7 @@ class _RunCheck:
         else:
             ctx = RecordContext(file=rel, attempt=k, rank=rank, world_size=plan.world_size,
                                 local_batch=reader.local_batch, geometry=self.geometry,
-                                seed=self.manifest.seed)
+                                seed=self.manifest.seed, audit=self.audit)
             compared, reordered = check_records(batch, committed, ctx, self.sink)
             self.shards += compared
             self.order_only += reordered
@@ -242,11 +272,54 @@ class _RunCheck:
             stats.commit_time = t if stats.commit_time is None else max(stats.commit_time, t)
         if self.want_series:
             self._series(batch, committed, rank, stats)
+        if self.replay.wants(k):
+            self.replay.take(attempt=k, rank=rank, steps=steps, loss=batch.loss,
+                             local_batch=reader.local_batch or 0 if batch.fast
+                             else batch.column("local_batch"),
+                             first_line=batch.first_line, file=rel)
+        if self.audit and ncommit:  # audit mode never takes the fast path
+            self._audit(plan, rel, rank, batch, committed)
+        if self.win_hash is not None and ncommit:
+            self._windows(plan, reader, batch, committed)
         if self.samples is not None and ncommit:
             if batch.id_block is not None:
                 self._count_block(batch, committed)
             elif batch.ids is not None:
                 self._count_samples(plan, rel, rank, batch, committed)
+
+    def _audit(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
+               committed: npt.NDArray[np.bool_]) -> None:
+        """Audit mode: hand the committed records to the cross-rank and epoch-hash checks."""
+        rows = np.flatnonzero(committed)
+        counts = batch.column("sample_ids_count")
+        if self.step_audit is not None:
+            for i in rows.tolist():
+                self.step_audit.add(
+                    attempt=plan.attempt, world_size=plan.world_size, step=int(batch.steps[i]),
+                    rank=rank, count=int(counts[i]),
+                    ids=batch.ids[i] if batch.ids is not None else None, file=rel,
+                    line=batch.first_line + i)
+        if self.epoch_hashes is not None:
+            assert batch.hashes is not None
+            self.epoch_hashes.add(batch.steps[rows] // self.geometry.steps_per_epoch,
+                                  counts[rows], batch.hashes[rows])
+
+    def _windows(self, plan: AttemptPlan, reader: RankLog, batch: Batch,
+                 committed: npt.NDArray[np.bool_]) -> None:
+        assert self.win_hash is not None and self.win_count is not None
+        rows = np.flatnonzero(committed & (batch.steps < self.target))
+        steps = batch.steps[rows]
+        if batch.fast:
+            # Proven equal to the expected shards, whose hashes the fast path compared.
+            hashes = semantics.shard_hashes(self.geometry, self.manifest.seed, steps,
+                                            reader.rank, plan.world_size)
+            counts: npt.NDArray[np.int64] | int = reader.local_batch or 0
+        else:
+            assert batch.hashes is not None
+            hashes = batch.hashes[rows]
+            counts = batch.column("sample_ids_count")[rows]
+        np.add.at(self.win_hash, steps, hashes)
+        np.add.at(self.win_count, steps, counts)
 
     def _order(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                previous: int | None, committed: npt.NDArray[np.bool_]) -> None:
@@ -336,6 +409,10 @@ class _RunCheck:
                 self._steps(chain_sets)
                 if self.samples is not None:
                     self._judge_epochs(self.samples.finish_all())
+                if self.epoch_hashes is not None:
+                    self.epoch_hashes.judge(dataset_size=self.geometry.dataset_size,
+                                            steps_per_epoch=self.geometry.steps_per_epoch,
+                                            end=self.end, sink=self.sink)
             elif not nothing_due:
                 self.unknown.append(
                     "the committed lineage is empty: no attempt logged a committed step, so "
@@ -367,9 +444,19 @@ class _RunCheck:
             "tentative_shards": self.tentative_shards,
             "committed_steps": committed_steps,
             "target_steps": self.target,
-            "epochs": self.samples.epochs_checked if self.samples is not None else 0,
+            "epochs": self.samples.epochs_checked if self.samples is not None
+            else self.epoch_hashes.epochs_checked if self.epoch_hashes is not None else 0,
             "fast_path_records": self.fast_records,
         }
+        if self.step_audit is not None:
+            checked["steps_audited"] = self.step_audit.steps_judged
+        if self.audit and not self.manifest.log_ids \
+                and self.inputs.epoch_coverage != "all" and not self.aborted:
+            self.unknown.append(
+                "an external sampler that may drop part of each epoch (epoch_coverage "
+                "drop_remainder) logged hashes only: which samples an epoch may leave out is "
+                "unknown, so exactly-once cannot be proved from hashes; log sample IDs "
+                "(log_ids) to audit it")
         unfinished = None if self.lineage.finished else self._unfinished(summaries)
         verdict, prefix_only = self._verdict(checked, unfinished)
         if unfinished is not None:
@@ -390,18 +477,23 @@ class _RunCheck:
                 checkpoints=goodput.checkpoint_points(self.inputs),
                 start_time=min((a.start_time for a in self.inputs.supervisor.attempts),
                                default=None))
+        if self.win_hash is not None:
+            series = replace(series or Series(), window_hash=self.win_hash,
+                             window_count=self.win_count)
         return RunResult(
             path=str(self.inputs.root), verdict=verdict, anomalies=tuple(self.sink.ordered()),
             anomaly_counts={k: self.sink.counts[k] for k in self.sink.witnesses},
             warnings=tuple(self.notes), unknown=tuple(self.unknown), checked=checked,
             metrics=metrics, lineage=tuple(summaries), log_ids=self.manifest.log_ids,
-            series=series, unfinished=unfinished)
+            series=series, unfinished=unfinished, windows_checked=not self.audit,
+            sampler=self.manifest.sampler, replay=self.replay.summary())
 
     def _conclusive(self, checked: dict[str, int]) -> bool:
         """Whether the committed records were all compared (the guard against vacuous passes)."""
         return not (checked["committed_records"] == 0 or checked["shards"] == 0
                     or checked["shards"] < checked["committed_records"]
-                    or (self.samples is not None and checked["epochs"] == 0))
+                    or ((self.samples is not None or self.epoch_hashes is not None)
+                        and checked["epochs"] == 0))
 
     def _verdict(self, checked: dict[str, int], unfinished: Unfinished | None
                  ) -> tuple[Verdict, bool]:
@@ -700,7 +792,8 @@ class _RunCheck:
     def _samples(self) -> None:
         rank_files = {key: (self.inputs.root / rel, rel) for key, rel in self.files.items()}
         report_epochs(self.epoch_verdicts, sink=self.sink, geometry=self.geometry,
-                      seed=self.manifest.seed, chain=self.lineage.chain, rank_files=rank_files)
+                      seed=self.manifest.seed, chain=self.lineage.chain, rank_files=rank_files,
+                      order_known=not self.audit)
 
 
 def _unknown(path: Path, reason: str) -> RunResult:
@@ -709,8 +802,13 @@ def _unknown(path: Path, reason: str) -> RunResult:
 
 def verify_run(path: str | Path, *, series: bool = False,
                reference_loss: npt.NDArray[np.float64] | None = None,
-               progress: Progress | None = None) -> RunResult:
-    """Verify one run directory. Never raises for a bad run: problems become the verdict."""
+               progress: Progress | None = None, windows: bool = False,
+               replay_tolerance: float = DEFAULT_TOLERANCE) -> RunResult:
+    """Verify one run directory. Never raises for a bad run: problems become the verdict.
+
+    ``windows``: keep each committed step's global window (count + hash) in ``series``, for
+    ``--same-order``. ``replay_tolerance``: relative tolerance of replay consistency where
+    bit-identical losses are not expected."""
     root = Path(path)
     try:
         inputs = read_inputs(root)
@@ -718,21 +816,29 @@ def verify_run(path: str | Path, *, series: bool = False,
         return _unknown(root, str(exc))
     lineage = lineage_of(inputs)
     check = _RunCheck(inputs, lineage, want_series=series or reference_loss is not None,
-                      reference_loss=reference_loss, progress=progress)
+                      reference_loss=reference_loss, progress=progress, want_windows=windows,
+                      replay_tolerance=replay_tolerance)
     check.scan()
     return check.finish()
 
 
 def verify(path: str | Path, reference: str | Path | None = None, *, series: bool = False,
-           progress: Progress | None = None) -> VerifyResult:
+           progress: Progress | None = None, same_order: str | Path | None = None,
+           replay_tolerance: float = DEFAULT_TOLERANCE) -> VerifyResult:
     """Verify the run directory ``path``, or every run directory below it.
 
     ``reference``: a run whose per-step losses the runs are compared with (loss divergence).
+    ``same_order``: a run that should have consumed the same global window at every step (same
+    seed, other world sizes or failures): compared step by step (:mod:`verifier.sameorder`).
+    ``replay_tolerance``: see :mod:`verifier.replay`.
     ``series``: keep per-step losses and timelines for plots (``write_report`` needs them).
     Raises :class:`~verifier.errors.VerifierError` only when ``path`` or ``reference`` is not
     something to verify at all; a bad run is a verdict, not an exception.
     """
     root = Path(path)
+    if not (replay_tolerance >= 0 and math.isfinite(replay_tolerance)):
+        raise VerifierError(f"--replay-tolerance {replay_tolerance}: give a finite relative "
+                            "tolerance >= 0 (for example 1e-5)")
     if not root.exists():
         raise VerifierError(f"{root}: no such file or directory; give a run directory or a "
                             "folder of runs")
@@ -760,19 +866,30 @@ def verify(path: str | Path, reference: str | Path | None = None, *, series: boo
             notes.append(Note(kind="reference",
                               message=f"the reference run {ref} is {ref_result.verdict} itself; "
                                       "its losses may not be a fair reference"))
+    other = None
+    if same_order is not None:
+        other_root = Path(same_order)
+        if not other_root.is_dir() or not is_run_dir(other_root):
+            raise VerifierError(f"--same-order {other_root}: not a run directory (it needs "
+                                "run.json and logs/)")
+        other = verify_run(other_root, windows=True, replay_tolerance=replay_tolerance)
     try:
         runs = find_runs(root)
     except OSError as exc:
         raise VerifierError(f"{root}: cannot list: {exc.strerror}") from None
     if not runs:
         return VerifyResult(path=str(root), runs=(), unknown=(
-            f"{root}: no run directory here or below (a run has run.json or logs/)",))
+            f"{root}: no run directory here or below (a run directory holds run.json; hidden "
+            "folders are skipped)",))
     results = []
     for run in runs:
         if progress is not None:
             progress(f"verifying {run}")
         result = verify_run(run, series=series, reference_loss=reference_loss,
-                            progress=progress)
+                            progress=progress, windows=other is not None,
+                            replay_tolerance=replay_tolerance)
+        if other is not None:
+            result = compare_order(result, other)
         if notes:
             result = _with_notes(result, notes)
         results.append(result)

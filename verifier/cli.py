@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ecrl.contract.errors import EcrlError
+from verifier.replay import DEFAULT_TOLERANCE
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
@@ -25,6 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reference run for loss divergence (max/mean |loss difference|)")
     parser.add_argument("--report", metavar="DIR",
                         help="write report.md, report.json and PNG plots here")
+    parser.add_argument("--same-order", metavar="RUN2",
+                        help="a run that should consume the same global windows (same seed, "
+                             "other world sizes or failures): compared step by step, the first "
+                             "differing step is the witness")
+    parser.add_argument("--replay-tolerance", metavar="REL", type=float,
+                        default=DEFAULT_TOLERANCE,
+                        help="relative tolerance for replayed losses where bit-identical ones "
+                             "are not expected (another world size, or a run that declares "
+                             f"deterministic false); default {DEFAULT_TOLERANCE:g}")
     return parser
 
 
@@ -49,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = verify(args.path, reference=args.reference, series=bool(args.report),
-                        progress=progress if sys.stderr.isatty() else None)
+                        progress=progress if sys.stderr.isatty() else None,
+                        same_order=args.same_order, replay_tolerance=args.replay_tolerance)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
         _print_quietly(render(result))
         if args.report:

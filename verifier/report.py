@@ -65,21 +65,76 @@ def _world_sizes(run: RunResult) -> str:
     return "→".join(compact)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'s' if n != 1 else ''}"
+
+
 def _proved(run: RunResult) -> list[str]:
     c = run.checked
     m = run.metrics
     attempts = len(run.lineage)
-    lines = [
-        f"proved: steps 0..{c.get('target_steps', 0) - 1} committed exactly once across "
-        f"{attempts} attempt{'s' if attempts != 1 else ''} "
-        f"({m.restarts} restart{'s' if m.restarts != 1 else ''}, world size "
-        f"{_world_sizes(run)}); {c.get('shards', 0):,} shards equal their windows"
-        + (" (sample IDs)" if run.log_ids else " (count + hash)"),
-    ]
+    steps = (f"proved: steps 0..{c.get('target_steps', 0) - 1} committed exactly once across "
+             f"{_plural(attempts, 'attempt')} ({_plural(m.restarts, 'restart')}, world size "
+             f"{_world_sizes(run)})")
+    epochs = c.get("epochs", 0)
+    if not run.windows_checked:
+        return _audited(run, steps, epochs) + _replayed(run) + _same_order(run)
+    lines = [steps + f"; {c.get('shards', 0):,} shards equal their windows"
+             + (" (sample IDs)" if run.log_ids else " (count + hash)")]
     if run.log_ids:
-        lines.append(f"proved: {c.get('epochs', 0)} epoch{'s' if c.get('epochs') != 1 else ''} "
-                     "without duplicate, missing or extra samples")
+        lines.append(f"proved: {_plural(epochs, 'epoch')} without duplicate, missing or extra "
+                     "samples")
+    return lines + _replayed(run) + _same_order(run)
+
+
+def _audited(run: RunResult, steps: str, epochs: int) -> list[str]:
+    """An external sampler's PASS: what the audit proved, and that windows were not checked."""
+    sampler = run.sampler or {}
+    name = sampler.get("name", "an external sampler")
+    coverage = sampler.get("epoch_coverage", "all")
+    audited = run.checked.get("steps_audited", 0)
+    lines = [steps + (f"; {_plural(audited, 'step')} with disjoint ranks and the full global "
+                      "batch (sample IDs)" if run.log_ids else
+                      f"; {_plural(audited, 'step')} with the full global batch (counts)")]
+    if not run.log_ids:
+        lines.append(f"proved: {_plural(epochs, 'complete epoch')} consumed the declared "
+                     "sample set exactly once (count + multiset hash)")
+    elif coverage == "all":
+        lines.append(f"proved: {_plural(epochs, 'epoch')} without duplicate or extra samples, "
+                     "every complete epoch consuming each declared sample")
+    else:
+        lines.append(f"proved: {_plural(epochs, 'epoch')} without duplicate or extra samples "
+                     "(epochs may drop a remainder: epoch_coverage drop_remainder)")
+    lines.append(f"windows not checked: the order came from {name}, which ECRL cannot "
+                 "recompute (audit mode); compare two runs with --same-order RUN2")
     return lines
+
+
+def _replayed(run: RunResult) -> list[str]:
+    r = run.replay
+    if r is None:
+        return []
+    if not r.tested:
+        why = ("no step was replayed" if r.replayed_steps == 0
+               else f"{_plural(r.replayed_steps, 'replayed step')} without a finite loss")
+        return [f"not tested: state restoration ({why}: replay consistency needs a failed "
+                "attempt that ran past its successor's resume point)"]
+    parts = []
+    if r.exact:
+        parts.append(f"{r.exact:,} bit for bit at the same world size")
+    if r.tolerant:
+        parts.append(f"{r.tolerant:,} within relative {r.tolerance:g}"
+                     + (f", largest {r.max_rel_diff:.2g}" if r.max_rel_diff else ""))
+    return [f"proved: {_plural(r.compared, 'replayed step')} recomputed after a resume with "
+            f"a matching global loss ({'; '.join(parts)})"]
+
+
+def _same_order(run: RunResult) -> list[str]:
+    o = run.same_order
+    if o is None:
+        return []
+    return [f"proved: the same global window as {o.other} at each of steps 0.."
+            f"{o.steps_compared - 1}" + (" (sample IDs)" if o.by_ids else " (count + hash)")]
 
 
 def _unknown_lines(run: RunResult) -> list[str]:
@@ -172,6 +227,22 @@ def render_json(result: VerifyResult) -> str:
     return json.dumps(_clean(result.as_dict()), indent=2)
 
 
+def _junit_skip(run: RunResult, obligation: str) -> str | None:
+    """Why an obligation was not checked for this run (None: it was)."""
+    if obligation == "epochs" and not run.log_ids and run.windows_checked:
+        return ("hash-only logs: exactly-once per epoch follows from the per-step window hashes "
+                "(obligations steps and shards)")
+    if obligation == "shards" and not run.windows_checked:
+        return "windows not checked: an external sampler fed the run (audit mode)"
+    if obligation == "batch" and run.windows_checked:
+        return "ECRL's sampler: every shard is checked against its window (obligation shards)"
+    if obligation == "replay" and (run.replay is None or not run.replay.tested):
+        return "not tested: no step was replayed with a finite loss on both sides"
+    if obligation == "order" and run.same_order is None:
+        return "not asked: compare two runs with --same-order RUN2"
+    return None
+
+
 def render_junit(result: VerifyResult) -> str:
     """JUnit XML: a test suite per run, a test case per proof obligation."""
     suites = ET.Element("testsuites", name="ecrl-verify")
@@ -227,10 +298,8 @@ def render_junit(result: VerifyResult) -> str:
                 ET.SubElement(case, "skipped", message="not checked: the logs cannot support "
                                                        "a verdict")
                 counts["skipped"] += 1
-            elif name == "epochs" and not run.log_ids:
-                ET.SubElement(case, "skipped",
-                              message="hash-only logs: exactly-once per epoch follows from the "
-                                      "per-step window hashes (obligations steps and shards)")
+            elif (skip := _junit_skip(run, name)) is not None:
+                ET.SubElement(case, "skipped", message=skip)
                 counts["skipped"] += 1
         for key, value in counts.items():
             suite.set(key, str(value))
@@ -390,7 +459,7 @@ def write_report(result: VerifyResult, directory: str | Path, *,
     the mutation catalogue runs on each passing run of at most :data:`SELF_TEST_MAX_RECORDS`
     records, and the report states its kill rate.
     """
-    from verifier import mutations
+    from verifier.testing import mutations
 
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ __all__ = [
     "Unfinished",
     "CheckpointPoint",
     "Series",
+    "ReplayCheck",
+    "SameOrder",
     "RunResult",
     "VerifyResult",
     "combine_verdicts",
@@ -141,6 +143,51 @@ class Unfinished:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ReplayCheck:
+    """Replay consistency: the steps a failed attempt ran after its successor's resume point,
+    recomputed by the successor, compared by global loss (sum over ranks of loss × local batch
+    / B, in float64, in rank order)."""
+
+    replayed_steps: int = 0
+    """Steps a failed attempt logged after its successor's resume point that the successor ran
+    again (with every rank's record on both sides)."""
+    compared: int = 0
+    """Of those, steps with a finite loss on both sides (the ones compared)."""
+    exact: int = 0
+    """Compared bit for bit: same world size and deterministic kernels."""
+    tolerant: int = 0
+    """Compared within ``tolerance``: another world size, or a run that declares
+    ``"deterministic": false``."""
+    tolerance: float = 0.0
+    """Relative tolerance used for the tolerant comparisons."""
+    max_rel_diff: float | None = None
+    """Largest relative difference among the tolerant comparisons that passed."""
+
+    @property
+    def tested(self) -> bool:
+        return self.compared > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SameOrder:
+    """``--same-order RUN2``: this run's global windows against another run's, step by step."""
+
+    other: str
+    steps_compared: int
+    """Committed steps both runs have (0 .. steps_compared - 1)."""
+    by_ids: bool
+    """Compared as sets of sample IDs (both runs log IDs), else by count + multiset hash."""
+    first_difference: int | None = None
+    """First step whose global windows differ (None: every compared step agrees)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointPoint:
     attempt: int
     step: int
@@ -161,6 +208,10 @@ class Series:
     """Per attempt: (attempt, times, steps) of a subsample of its lowest rank's records."""
     checkpoints: Sequence[CheckpointPoint] = ()
     start_time: float | None = None
+    window_hash: npt.NDArray[np.uint64] | None = None
+    """``--same-order``: per committed step, the multiset hash of its global window."""
+    window_count: npt.NDArray[np.int64] | None = None
+    """``--same-order``: per committed step, the samples its ranks consumed in all."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,6 +234,13 @@ class RunResult:
     unfinished: Unfinished | None = None
     """Set when the run has not finished (its verdict then covers the committed prefix)."""
     series: Series | None = None
+    windows_checked: bool = True
+    """Whether every shard was compared with ECRL's window (False: an external sampler's run,
+    audited without windows; its PASS proves exactly-once consumption, not the order)."""
+    sampler: Mapping[str, Any] | None = None
+    """``run.json``'s ``sampler`` (None: absent, ECRL's own)."""
+    replay: ReplayCheck | None = None
+    same_order: SameOrder | None = None
 
     @property
     def exit_code(self) -> int:
@@ -192,6 +250,10 @@ class RunResult:
         return {
             "path": self.path,
             "verdict": self.verdict,
+            "windows_checked": self.windows_checked,
+            "sampler": dict(self.sampler) if self.sampler is not None else None,
+            "replay": self.replay.as_dict() if self.replay is not None else None,
+            "same_order": self.same_order.as_dict() if self.same_order is not None else None,
             "anomalies": [a.as_dict() for a in self.anomalies],
             "anomaly_counts": dict(self.anomaly_counts),
             "warnings": [w.as_dict() for w in self.warnings],

@@ -27,7 +27,24 @@ from ecrl.contract.runformat import (
 from verifier.anomalies import Note
 from verifier.errors import Unusable
 
-__all__ = ["CheckpointRecord", "RunInputs", "read_inputs", "torn_tail_ok"]
+__all__ = ["CheckpointRecord", "DeclaredGeometry", "RunInputs", "read_inputs", "torn_tail_ok",
+           "EPOCH_COVERAGES"]
+
+EPOCH_COVERAGES = ("all", "drop_remainder")
+"""``sampler.epoch_coverage`` of an external sampler (docs/run-format.md)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeclaredGeometry(semantics.Geometry):
+    """An external sampler's geometry: D and B as for ECRL, but S is the user's loop's steps
+    per epoch as ``run.json`` declares it (padding or a dropped remainder make it differ from
+    D // B; the audit then finds the duplicates or missing samples that follow)."""
+
+    declared_steps: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.declared_steps
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +69,12 @@ class RunInputs:
     """Attempt -> its checkpoint events, in log order."""
     latest: LatestPointer | None
     notes: tuple[Note, ...]
+    audit: bool = False
+    """An external sampler fed the run: audit it (no windows; docs/verifier.md)."""
+    epoch_coverage: str = "all"
+    """External sampler: ``all`` or ``drop_remainder`` (:data:`EPOCH_COVERAGES`)."""
+    deterministic: bool = True
+    """False when run.json declares nondeterministic kernels (``"deterministic": false``)."""
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the run directory, as shown in anomalies."""
@@ -81,18 +104,38 @@ def read_inputs(root: str | Path) -> RunInputs:
         manifest = read_json_record(paths.manifest, RunManifest)
     except RunFormatError as exc:
         raise _unusable(exc) from None
+    audit = manifest.external_sampler
+    coverage = "all"
+    if audit:
+        assert manifest.sampler is not None
+        coverage = manifest.sampler.get("epoch_coverage", "all")
+        if coverage not in EPOCH_COVERAGES:
+            raise Unusable(f"{paths.manifest}: sampler.epoch_coverage is {coverage!r}; it must "
+                           f"be one of {', '.join(map(repr, EPOCH_COVERAGES))} "
+                           "(docs/run-format.md)")
+    deterministic = manifest.extra.get("deterministic", True)
+    if not isinstance(deterministic, bool):
+        raise Unusable(f"{paths.manifest}: deterministic must be true or false, got "
+                       f"{deterministic!r}")
     perm = (manifest.permutation.get("algorithm"), manifest.permutation.get("version"))
-    if perm != (semantics.PERMUTATION_ALGORITHM, semantics.PERMUTATION_VERSION):
+    # An external sampler's run carries ECRL's permutation field but was not fed by it.
+    if not audit and perm != (semantics.PERMUTATION_ALGORITHM, semantics.PERMUTATION_VERSION):
         raise Unusable(
             f"{paths.manifest}: the run used permutation {perm[0]} v{perm[1]}, this verifier "
             f"implements {semantics.PERMUTATION_ALGORITHM} v{semantics.PERMUTATION_VERSION}; "
             "verify with the ECRL version that wrote the run")
     try:
-        geometry = semantics.Geometry(dataset_size=manifest.dataset_size,
-                                      global_batch=manifest.global_batch)
+        geometry: semantics.Geometry
+        if audit:
+            geometry = DeclaredGeometry(dataset_size=manifest.dataset_size,
+                                        global_batch=manifest.global_batch,
+                                        declared_steps=manifest.steps_per_epoch)
+        else:
+            geometry = semantics.Geometry(dataset_size=manifest.dataset_size,
+                                          global_batch=manifest.global_batch)
     except SemanticsError as exc:
         raise Unusable(f"{paths.manifest}: {exc}") from None
-    if manifest.steps_per_epoch != geometry.steps_per_epoch:
+    if not audit and manifest.steps_per_epoch != geometry.steps_per_epoch:
         raise Unusable(
             f"{paths.manifest}: steps_per_epoch is {manifest.steps_per_epoch} but dataset size "
             f"{geometry.dataset_size} // global batch {geometry.global_batch} is "
@@ -165,7 +208,8 @@ def read_inputs(root: str | Path) -> RunInputs:
                                   "event records"))
     return RunInputs(root=paths.root, paths=paths, manifest=manifest, geometry=geometry,
                      supervisor=supervisor, checkpoints=checkpoints, latest=latest,
-                     notes=tuple(notes))
+                     notes=tuple(notes), audit=audit, epoch_coverage=str(coverage),
+                     deterministic=deterministic)
 
 
 def _rel(paths: RunPaths, path: Path) -> str:

@@ -42,6 +42,8 @@ class RecordContext:
     """None when the world size does not divide the global batch (no shard exists)."""
     geometry: semantics.Geometry
     seed: int
+    audit: bool = False
+    """An external sampler's run: no window to compare with (only the record's own fields)."""
     tentative: bool = False
     """The rows are tentative records of an unfinished run (after its last durable checkpoint):
     judged the same, and their witnesses say so."""
@@ -127,6 +129,8 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
                actual=f"{semantics.format_hash(int(hashes[i]))} ({count[i]} IDs)")
         for i in bad_h))
 
+    if ctx.audit:
+        return int(rows.size), 0  # audited record by record; the samples are counted later
     if ctx.local_batch is None or not 0 <= ctx.rank < ctx.world_size:
         return 0, 0
     expected = semantics.shard_block(ctx.geometry, ctx.seed, steps, ctx.rank, ctx.world_size)

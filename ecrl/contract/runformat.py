@@ -643,23 +643,28 @@ class RunPaths:
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
-    """A directory holding ``run.json`` or a ``logs/`` folder is treated as a run."""
+    """A directory holding ``run.json`` or a ``logs/`` folder is treated as a run when it is named
+    directly (so a run that lost its ``run.json`` still gets a verdict saying so)."""
     p = Path(path)
     return (p / "run.json").is_file() or (p / "logs").is_dir()
 
 
 def find_runs(path: str | os.PathLike[str]) -> list[Path]:
-    """``path`` itself if it is a run, else every run directory below it, sorted."""
+    """``path`` itself if it is a run, else every run directory below it, sorted.
+
+    Below ``path`` a run is recognised by its ``run.json`` only, and hidden directories are not
+    entered: ``.git`` has a ``logs/`` folder too, and is no run.
+    """
     root = Path(path)
     if is_run_dir(root):
         return [root]
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(root):
         here = Path(dirpath)
-        if is_run_dir(here):
+        if here != root and (here / "run.json").is_file():
             found.append(here)
             dirnames.clear()  # runs do not nest
         else:
-            dirnames.sort()
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     return sorted(found)
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifier.generate import RunSpec, generate_run
-from verifier.mutations import apply
+from ecrl.contract import semantics
+from verifier.testing.generate import RunSpec, generate_run
+from verifier.testing.mutations import apply
 
 # A small elastic run: 2 ranks, then 1, then 2 (D = 40, B = 4: 10 steps per epoch).
 BASE: dict[str, Any] = dict(dataset_size=40, global_batch=4, target_steps=24,
@@ -29,6 +30,9 @@ IDS = dict(BASE, log_ids=True)
 # Unfinished: the final attempt 2 (resumed from step 14, checkpoint at step 17) ends after step
 # 19 — rank 0 logged step 19, rank 1 only step 18 and then a torn line (a stop mid-step).
 STOPPED = dict(BASE, stop_at=19, end="stopped")
+# An external sampler (a stand-in for a user's shuffling sampler, not ECRL's order): audited.
+EXT = dict(IDS, sampler="external")
+EXT_HASH = dict(EXT, log_ids=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +47,8 @@ class Case:
     unfinished: dict[str, Any] | None = None
     """For an unfinished run: its status, last durable checkpoint and committed prefix."""
     damage: Callable[[Path], None] | None = field(default=None, repr=False)
+    same_order: str | None = None
+    """Verify with ``--same-order fixtures/runs/<same_order>``."""
 
 
 def _edit_json(name: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
@@ -53,6 +59,40 @@ def _edit_json(name: str, change: Callable[[dict[str, Any]], None]) -> Callable[
         path.write_text(json.dumps(data, indent=2) + "\n")
 
     return damage
+
+
+def _edit_record(attempt: int, rank: int, step: int,
+                 change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """Change one step record and make its count and hash describe its IDs again."""
+    def damage(root: Path) -> None:
+        path = root / f"logs/attempt-{attempt:03d}/rank-{rank:03d}.jsonl"
+        lines = path.read_bytes().split(b"\n")
+        for i, raw in enumerate(lines):
+            if raw and json.loads(raw)["global_step"] == step:
+                data = json.loads(raw)
+                change(data)
+                ids = data["sample_ids"]
+                data["sample_ids_count"] = data["local_batch"] = len(ids)
+                data["sample_ids_hash"] = semantics.format_hash(semantics.ids_hash(ids))
+                lines[i] = json.dumps(data, separators=(",", ":")).encode()
+                break
+        else:
+            raise SystemExit(f"{path}: no record of step {step}")
+        path.write_bytes(b"\n".join(lines))
+
+    return damage
+
+
+def _take_from_rank0(root: Path) -> None:
+    """Rank 1 of attempt 0 consumes one of rank 0's samples of step 2 instead of its own."""
+    rank0 = root / "logs/attempt-000/rank-000.jsonl"
+    theirs = next(json.loads(raw) for raw in rank0.read_bytes().split(b"\n")
+                  if raw and json.loads(raw)["global_step"] == 2)["sample_ids"]
+
+    def change(data: dict[str, Any]) -> None:
+        data["sample_ids"] = [theirs[0], *data["sample_ids"][1:]]
+
+    _edit_record(0, 1, 2, change)(root)
 
 
 def _empty_logs(root: Path) -> None:
@@ -193,6 +233,81 @@ CASES: list[Case] = [
          description="a third failure, after which the supervisor gave up at its restart "
                      "limit (status failed)",
          spec=dict(IDS, stop_at=19, end="failed", chaos=3)),
+    # --- replay consistency ------------------------------------------------------------------
+    Case(name="replay-divergence", verdict="FAIL", mutation="perturb_replayed_loss",
+         kinds=frozenset({"replay_divergence"}),
+         description="a failed attempt's loss of a step its successor ran again differs (as "
+                     "if the resume had not restored the optimizer, scheduler or RNG)",
+         spec=dict(IDS, world_sizes=(2,), chaos=8, torn=False)),
+    # --- an external sampler: audited without windows ----------------------------------------
+    Case(name="pass-external-elastic", verdict="PASS",
+         description="an external sampler (audit mode), world sizes 2, 1, 2 with two failures: "
+                     "PASS with windows not checked",
+         spec=EXT),
+    Case(name="pass-external-hash-only", verdict="PASS",
+         description="an external sampler with hash-only logs: each complete epoch's count and "
+                     "summed hash equal the declared set's",
+         spec=dict(EXT_HASH, world_sizes=(4, 2, 4))),
+    Case(name="pass-external-drop-remainder", verdict="PASS",
+         description="an external sampler that drops the last D - S·B samples of each epoch "
+                     "(D = 42, B = 4, S = 10) and declares epoch_coverage drop_remainder",
+         spec=dict(EXT, dataset_size=42, epoch_coverage="drop_remainder")),
+    Case(name="pass-external-same-order", verdict="PASS", same_order="pass-external-elastic",
+         description="--same-order: the same seed at world sizes 1, 2 with one failure consumes "
+                     "the same global windows as pass-external-elastic",
+         spec=dict(EXT, world_sizes=(1, 2), fail_at=(9,), chaos=1)),
+    Case(name="external-order-mismatch", verdict="FAIL", same_order="pass-external-elastic",
+         kinds=frozenset({"order_mismatch"}),
+         description="--same-order: another seed consumes other windows from step 0 on (each "
+                     "run alone is correct)",
+         spec=dict(EXT, seed=12)),
+    Case(name="external-padding-duplicates", verdict="FAIL",
+         kinds=frozenset({"duplicate_sample"}),
+         description="a sampler that pads each epoch by repeating samples (D = 42, B = 4, S = "
+                     "11, as DistributedSampler(drop_last=False)) while declaring full coverage",
+         spec=dict(EXT, dataset_size=42, steps_per_epoch=11, world_sizes=(2,), fail_at=())),
+    Case(name="external-dropped-samples", verdict="FAIL",
+         kinds=frozenset({"missing_sample"}),
+         description="a sampler that drops the last 4 samples of each epoch (D = 44, S = 10) "
+                     "while declaring epoch_coverage all",
+         spec=dict(EXT, dataset_size=44, steps_per_epoch=10)),
+    Case(name="external-duplicate-sample", verdict="FAIL", mutation="duplicate_id",
+         kinds=frozenset({"duplicate_sample", "missing_sample"}),
+         description="a step consumed a sample another step of the epoch consumed, instead of "
+                     "one of its own (no window to compare: the epoch count finds it)",
+         spec=EXT),
+    Case(name="external-extra-sample", verdict="FAIL", mutation="out_of_range_id",
+         kinds=frozenset({"extra_sample", "missing_sample"}),
+         description="a step consumed an ID outside the declared set instead of one of its own",
+         spec=EXT),
+    Case(name="external-missing-record", verdict="FAIL", mutation="drop_record", seed=3,
+         kinds=frozenset({"missing_record", "missing_sample"}),
+         description="a lost record of a committed step: its samples were never consumed",
+         spec=dict(EXT, world_sizes=(2,))),
+    Case(name="external-resume-skipped-step", verdict="FAIL", mutation="skip_step_at_resume",
+         kinds=frozenset({"resume_mismatch", "missing_step", "missing_sample"}),
+         description="a resumed attempt starts one step late: the step and its samples are "
+                     "missing",
+         spec=EXT),
+    Case(name="external-rank-overlap", verdict="FAIL", damage=_take_from_rank0,
+         kinds=frozenset({"rank_overlap", "duplicate_sample", "missing_sample"}),
+         description="at step 2, rank 1 consumed one of rank 0's samples instead of its own",
+         spec=EXT),
+    Case(name="external-global-batch", verdict="FAIL",
+         damage=_edit_record(0, 0, 3, lambda d: d.update(sample_ids=d["sample_ids"][1:])),
+         kinds=frozenset({"global_batch_mismatch", "missing_sample"}),
+         description="at step 3, rank 0 consumed one sample fewer: the step's ranks consumed "
+                     "B - 1 samples",
+         spec=EXT),
+    Case(name="external-epoch-hash", verdict="FAIL", mutation="drop_record", seed=3,
+         kinds=frozenset({"missing_record", "epoch_hash_mismatch"}),
+         description="hash-only logs: a lost record leaves its epoch one shard short of the "
+                     "declared set's count and hash",
+         spec=dict(EXT_HASH, world_sizes=(2,))),
+    Case(name="unknown-external-hash-drop-remainder", verdict="UNKNOWN",
+         description="an external sampler that may drop a remainder, with hash-only logs: "
+                     "which samples an epoch leaves out is unknown",
+         spec=dict(EXT_HASH, dataset_size=42, epoch_coverage="drop_remainder")),
     # --- the logs cannot support a verdict --------------------------------------------------
     Case(name="unknown-missing-manifest", verdict="UNKNOWN",
          description="run.json is missing", spec=HASH,
@@ -230,6 +345,8 @@ def build(case: Case, target: Path) -> None:
         case.damage(target)
     expected = {"verdict": case.verdict, "kinds": sorted(case.kinds),
                 "description": case.description, "mutation": case.mutation, "where": where}
+    if case.same_order is not None:
+        expected["same_order"] = case.same_order
     if case.unfinished is not None:
         expected["unfinished"] = case.unfinished
     (target / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")

@@ -12,8 +12,9 @@ from verifier_helpers import assert_verdict, make_run, verify_dir
 
 import verifier
 
-MODULES = ["verifier", "verifier.cli", "verifier.check", "verifier.report", "verifier.generate",
-           "verifier.mutations", "verifier.coverage", "verifier.lineage", "verifier.goodput",
+MODULES = ["verifier", "verifier.cli", "verifier.check", "verifier.report",
+           "verifier.testing.generate", "verifier.testing.mutations", "verifier.coverage",
+           "verifier.lineage", "verifier.goodput",
            "verifier.windows", "verifier.schema", "verifier._scan", "verifier._witness",
            "ecrl.apps.bench.verify"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from verifier_helpers import make_run
 
-from verifier.mutations import apply
+from verifier.testing.mutations import apply
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -97,3 +97,20 @@ def test_a_reader_that_stops_early_keeps_the_verdict(runs: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1  # FAIL, not "error" (2)
     assert "Broken pipe" not in err and "Traceback" not in err
+
+
+def test_a_folder_of_runs_skips_hidden_folders_and_folders_without_run_json(
+        runs: Path, tmp_path: Path) -> None:
+    # Issue 11 item 9: `.git` has a logs/ folder; it was verified as a run (UNKNOWN, exit 2).
+    folder = tmp_path / "project"
+    make_run(folder / "good", world_sizes=(2,), ckpt_every=3, log_ids=False)
+    (folder / ".git" / "logs" / "refs").mkdir(parents=True)
+    (folder / ".git" / "logs" / "HEAD").write_text("0000 1111 someone\n")
+    (folder / ".cache" / "old-run" / "logs").mkdir(parents=True)
+    (folder / "notes" / "logs").mkdir(parents=True)  # no run.json: not a run
+    out = cli(str(folder), "--format", "json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [Path(r["path"]).name for r in json.loads(out.stdout)["runs"]] == ["good"]
+    # Named directly, a folder with logs/ but no run.json still gets a verdict saying so.
+    out = cli(str(folder / "notes"))
+    assert out.returncode == 2 and "run.json" in out.stdout

@@ -11,7 +11,8 @@ from verifier import KINDS, render_text, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "anomalies.md").read_text()
-BLOCKS = re.findall(r"```text\n\$ ecrl-verify (\S+)\n(.*?)```", DOC, re.S)
+BLOCKS = re.findall(r"```text\n\$ ecrl-verify (\S+(?: --same-order \S+)?)\n(.*?)```", DOC,
+                    re.S)
 
 
 def test_every_kind_has_a_section() -> None:
@@ -23,7 +24,8 @@ def test_every_kind_has_a_section() -> None:
 def test_examples_are_real_output(path: str, shown: str, monkeypatch: pytest.MonkeyPatch
                                   ) -> None:
     monkeypatch.chdir(ROOT)
-    text = render_text(verify(path))
+    run, _, other = path.partition(" --same-order ")
+    text = render_text(verify(run, same_order=other or None))
     head = text.split("\n  metrics:")[0]
     assert shown.rstrip("\n") == head
 

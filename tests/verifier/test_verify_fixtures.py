@@ -18,7 +18,8 @@ DIRS = sorted(p for p in FIXTURES.iterdir() if (p / "expected.json").is_file())
 @pytest.mark.parametrize("case", DIRS, ids=[p.name for p in DIRS])
 def test_fixture(case: Path) -> None:
     expected = json.loads((case / "expected.json").read_text())
-    result = verify(case)
+    other = expected.get("same_order")
+    result = verify(case, same_order=FIXTURES / other if other else None)
     text = render_text(result)
     assert result.verdict == expected["verdict"], text
     assert result.exit_code == {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[expected["verdict"]]
@@ -58,7 +59,7 @@ def _run(name: str) -> object:
 
 
 def test_benign_fixtures_show_what_they_claim() -> None:
-    from verifier.generate import RunSpec, plan_run
+    from verifier.testing.generate import RunSpec, plan_run
 
     cases = {c.name: c for c in CASES}
     assert _run("pass-replayed-steps").metrics.replayed_steps > 0  # type: ignore[attr-defined]

@@ -20,11 +20,13 @@ from verifier import (
     verify,
     write_report,
 )
-from verifier.mutations import apply
+from verifier.testing.mutations import apply
 
 TOP_KEYS = {"verdict", "path", "unknown", "runs"}
 RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
-            "metrics", "lineage", "log_ids", "unfinished"}
+            "metrics", "lineage", "log_ids", "unfinished", "windows_checked", "sampler",
+            "replay", "same_order"}
+REPLAY_KEYS = {"replayed_steps", "compared", "exact", "tolerant", "tolerance", "max_rel_diff"}
 ANOMALY_KEYS = {"kind", "obligation", "message", "file", "line", "attempt", "step", "rank",
                 "epoch", "sample_ids", "expected", "actual", "related", "count"}
 METRIC_KEYS = {"committed_steps", "restarts", "replayed_steps", "tentative_steps", "wall_s",
@@ -65,6 +67,8 @@ def test_json_schema_is_pinned(runs: dict[str, Path]) -> None:
     assert {a["kind"] for a in run["anomalies"]} == set(run["anomaly_counts"])
     assert "duplicate_sample" in run["anomaly_counts"]
     assert run["unfinished"] is None
+    assert run["windows_checked"] is True and run["sampler"] is None
+    assert set(run["replay"]) == REPLAY_KEYS and run["same_order"] is None
     stopped = json.loads(render_json(verify(runs["stopped"])))["runs"][0]
     assert set(stopped) == RUN_KEYS and stopped["verdict"] == "UNKNOWN"
     assert set(stopped["unfinished"]) == UNFINISHED_KEYS
@@ -189,9 +193,14 @@ def test_unfinished_run_in_text_junit_and_markdown(runs: dict[str, Path], tmp_pa
     cases = {c.get("name", "").split(":")[0]: c for c in suite.findall("testcase")}
     assert cases["finished"].find("error") is not None
     assert cases["readable"].find("error") is None
-    # The obligations were checked over the committed prefix: they pass.
+    # The obligations were checked over the committed prefix: they pass. An ECRL run has no
+    # audit-only obligation (batch), and no second run was named (order).
     assert all(cases[name].find("failure") is None and cases[name].find("skipped") is None
-               for name in OBLIGATIONS)
+               for name in OBLIGATIONS if name not in ("batch", "order", "replay"))
+    assert run.replay is not None
+    assert (cases["replay"].find("skipped") is None) == run.replay.tested
+    assert cases["batch"].find("skipped") is not None
+    assert cases["order"].find("skipped") is not None
     assert suite.get("errors") == "1" and suite.get("tests") == str(2 + len(OBLIGATIONS))
     write_report(verify(runs["stopped"], series=True), tmp_path / "r")
     report = (tmp_path / "r" / "report.md").read_text()

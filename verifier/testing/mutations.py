@@ -674,10 +674,54 @@ def _tear_failed_tail(view: RunView, rng: random.Random) -> Outcome | None:
     return _benign(view, "tear_failed_tail", f"{view.rel(log)}:{len(log.lines) + 1}")
 
 
-def _benign_field(name: str, change: Callable[[_Line, random.Random], dict[str, Any]]) -> Apply:
+def _replay_pairs(view: RunView) -> set[tuple[int, int]]:
+    """``(attempt, step)`` of both records of every replayed step that replay consistency
+    compares: a failed attempt's step after its successor's resume point, which every rank of
+    both attempts logged (:mod:`verifier.replay`)."""
+    steps: dict[tuple[int, int], set[int]] = {}
+    for (k, rank), log in view.logs.items():
+        for line in log.lines:
+            steps.setdefault((k, int(line.data["global_step"])), set()).add(rank)
+    pairs: set[tuple[int, int]] = set()
+    for failed, succ in zip(view.plans, view.plans[1:], strict=False):
+        if succ.resumed_from is None:
+            continue
+        for (k, step), ranks in steps.items():
+            if k != failed.attempt or step <= succ.resumed_from:
+                continue
+            again = steps.get((succ.attempt, step), set())
+            if ranks == set(range(failed.world_size)) and again == set(range(succ.world_size)):
+                pairs |= {(k, step), (succ.attempt, step)}
+    return pairs
+
+
+def _perturb_replayed_loss(view: RunView, rng: random.Random) -> Outcome | None:
+    pairs = _replay_pairs(view)
+    # The failed attempt's side of a pair: its successor has the same step in a pair too.
+    picked = _pick(rng, [(log, line) for _, log in sorted(view.logs.items())
+                         for line in log.lines
+                         if (log.attempt, int(line.data["global_step"])) in pairs
+                         and (log.attempt + 1, int(line.data["global_step"])) in pairs
+                         and isinstance(line.data.get("loss"), (int, float))])
+    if picked is None:
+        return None
+    log, line = picked
+    # Far beyond any tolerance below 1, whatever the rank's share of the batch.
+    _set(line, loss=float(line.data["loss"]) + 1000.0)
+    log.write()
+    return _fail("perturb_replayed_loss", _where(view, log, line), "replay_divergence")
+
+
+def _benign_field(name: str, change: Callable[[_Line, random.Random], dict[str, Any]],
+                  *, keep_replays: bool = False) -> Apply:
     def apply(view: RunView, rng: random.Random) -> Outcome | None:
         records = (view.records(committed=True) + view.records(committed=False)
                    + view.tentative_records())
+        if keep_replays:
+            # A replayed step's loss is compared across attempts: changing it is harmful.
+            pairs = _replay_pairs(view)
+            records = [(log, line) for log, line in records
+                       if (log.attempt, int(line.data["global_step"])) not in pairs]
         picked = _pick(rng, records)
         if picked is None:
             return None
@@ -772,8 +816,11 @@ CATALOGUE: tuple[Mutation, ...] = (
              "its last durable checkpoint)", False, _drop_tentative),
     Mutation("add_field", "add an unknown field to a record", False,
              _benign_field("add_field", lambda li, r: {"note": f"n{r.randrange(100)}"})),
-    Mutation("change_loss", "change a record's loss", False,
-             _benign_field("change_loss", lambda li, r: {"loss": round(r.random(), 4)})),
+    Mutation("change_loss", "change the loss of a record whose step was not replayed", False,
+             _benign_field("change_loss", lambda li, r: {"loss": round(r.random(), 4)},
+                           keep_replays=True)),
+    Mutation("perturb_replayed_loss", "change a failed attempt's loss of a step its successor "
+             "ran again", True, _perturb_replayed_loss),
     Mutation("change_time", "change a record's time", False,
              _benign_field("change_time",
                            lambda li, r: {"time": float(li.data["time"]) + r.random()})),

@@ -7,7 +7,7 @@ events and ``latest.json`` through :mod:`ecrl.contract.runformat` and
 :class:`~ecrl.contract.runformat.RunPaths`. Shards and hashes come from
 :mod:`ecrl.contract.semantics`, so a generated run is correct by construction: the verifier must
 pass every one (``tests/verifier/test_properties.py``), and the mutation catalogue
-(:mod:`verifier.mutations`) breaks them in known ways.
+(:mod:`verifier.testing.mutations`) breaks them in known ways.
 
 What a failure leaves behind, as in the runtime: attempt ``i`` fails after step ``fail_at[i]``
 (after any checkpoint due at that step). Its failing rank logged that step; the other ranks may
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from ecrl.contract import semantics
@@ -56,7 +57,7 @@ from ecrl.contract.runformat import (
 from verifier.errors import VerifierError
 
 __all__ = ["RunSpec", "AttemptPlanned", "GeneratedRun", "generate_run", "plan_run",
-           "committed_steps"]
+           "committed_steps", "external_window"]
 
 T0 = 1_795_392_000.0
 """Wall-clock start of generated runs (2026-11-22, as in docs/run-format.md)."""
@@ -106,6 +107,16 @@ class RunSpec:
     end: Literal["stopped", "running", "failed"] = "stopped"
     """How an unfinished run (``stop_at``) ends: stopped by Ctrl-C or SIGTERM, still running,
     or failed (the supervisor gave up at its restart limit)."""
+    sampler: Literal["ecrl", "external"] = "ecrl"
+    """``external``: the run is fed by a stand-in for a user's sampler (:func:`external_window`,
+    not ECRL's order), and run.json says so; the verifier can only audit it."""
+    epoch_coverage: Literal["all", "drop_remainder"] = "all"
+    """External sampler: run.json's ``sampler.epoch_coverage``."""
+    steps_per_epoch: int | None = None
+    """External sampler: the loop's steps per epoch (None: D // B). More than D // B pads each
+    epoch by wrapping around its order (as ``DistributedSampler(drop_last=False)`` does)."""
+    deterministic: bool | None = None
+    """Written to run.json as ``deterministic`` when set."""
 
     def __post_init__(self) -> None:
         try:
@@ -134,6 +145,16 @@ class RunSpec:
                                 f"below target_steps {self.target_steps}, got {self.stop_at}")
         if self.end not in ("stopped", "running", "failed"):
             raise VerifierError("RunSpec: end must be stopped, running or failed")
+        if self.sampler not in ("ecrl", "external"):
+            raise VerifierError("RunSpec: sampler must be ecrl or external")
+        if self.steps_per_epoch is not None and (self.sampler != "external"
+                                                 or self.steps_per_epoch < 1):
+            raise VerifierError("RunSpec: steps_per_epoch is for an external sampler, >= 1")
+
+    @property
+    def epoch_steps(self) -> int:
+        """S as run.json declares it."""
+        return self.steps_per_epoch or self.dataset_size // self.global_batch
 
     @property
     def finished(self) -> bool:
@@ -270,10 +291,16 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
     geometry = spec.geometry
     attempts = plan_run(spec)
     rng = random.Random(spec.chaos ^ 0x5EED)
-    noise = {}
+    noise: dict[int, float] = {}
+    extra: dict[str, object] = {}
+    if spec.deterministic is not None:
+        extra["deterministic"] = spec.deterministic
     manifest = RunManifest(
         seed=spec.seed, dataset={"name": "generated", "size": spec.dataset_size},
-        global_batch=spec.global_batch, steps_per_epoch=geometry.steps_per_epoch,
+        global_batch=spec.global_batch, steps_per_epoch=spec.epoch_steps,
+        sampler=({"kind": "external", "name": "tests.ShuffledSampler",
+                  "epoch_coverage": spec.epoch_coverage}
+                 if spec.sampler == "external" else None), extra=extra,
         target_steps=spec.target_steps,
         permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
                      "version": semantics.PERMUTATION_VERSION},
@@ -295,7 +322,9 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
             now += spec.step_s * (1.0 + 0.1 * rng.random())
             step_times[g] = round(now, 6)
             if spec.loss_noise:
-                noise[g] = rng.gauss(0.0, spec.loss_noise)
+                # A replayed step starts from the same restored state: the same loss.
+                drawn = rng.gauss(0.0, spec.loss_noise)
+                noise.setdefault(g, drawn)
             if g in a.checkpoints or g == a.lost:
                 stall = 0.02 if spec.strategy in ("overlapped", "jit") else 0.2
                 write = 0.2
@@ -305,7 +334,7 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
                         enqueue_s=0.001 if spec.strategy == "overlapped" else 0.0,
                         backpressure_s=0.0, stall_s=stall, bytes=4096,
                         path=f"step-{g:08d}.pt", extra={"time": round(now + stall, 6)}))
-                    epoch, cursor = geometry.locate(g)
+                    epoch, cursor = divmod(g, spec.epoch_steps)
                     latest = LatestPointer(path=f"step-{g:08d}.pt", global_step=g, epoch=epoch,
                                            cursor_step=cursor, world_size=a.world_size,
                                            time=round(now + stall, 6),
@@ -375,11 +404,16 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
              ) -> Iterator[dict[str, object]]:
     """Step records of one rank as dicts in StepRecord.to_dict() order, a block at a time."""
     local = geometry.local_batch(a.world_size)
-    s = geometry.steps_per_epoch
+    s = spec.epoch_steps
     block = 1 << 14
     for lo in range(steps.start, steps.stop, block):
         chunk = np.arange(lo, min(steps.stop, lo + block), dtype=np.int64)
-        ids = semantics.shard_block(geometry, spec.seed, chunk, rank, a.world_size)
+        if spec.sampler == "external":
+            ids = np.stack([external_window(spec, g)[rank::a.world_size]
+                            for g in chunk.tolist()]) if chunk.size else \
+                np.zeros((0, local), dtype=np.int64)
+        else:
+            ids = semantics.shard_block(geometry, spec.seed, chunk, rank, a.world_size)
         hashes = semantics.ids_hashes(ids).tolist()
         id_lists = ids.tolist() if spec.log_ids else None
         for i, g in enumerate(chunk.tolist()):
@@ -394,6 +428,17 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
                 record["sample_ids"] = id_lists[i]
             record["step_s"] = spec.step_s
             yield record
+
+
+def external_window(spec: RunSpec, step: int) -> npt.NDArray[np.int64]:
+    """A stand-in for a user's sampler: each epoch a numpy shuffle of ``0 .. D-1`` seeded by
+    (seed, epoch) — not ECRL's order —, ``B`` positions per step, wrapping around the epoch's
+    order when S·B > D (padding). Rank r takes every W-th ID of the window (as
+    ``DistributedSampler`` strides its indices)."""
+    epoch, cursor = divmod(step, spec.epoch_steps)
+    order = np.random.default_rng([spec.seed, epoch]).permutation(spec.dataset_size)
+    positions = (cursor * spec.global_batch + np.arange(spec.global_batch)) % spec.dataset_size
+    return order[positions].astype(np.int64)
 
 
 def _blocks(records: Iterator[dict[str, object]], size: int = 1 << 12) -> Iterator[bytes]:
