@@ -47,18 +47,19 @@ def main() -> None:
     model, optimizer = make_model(args.seed)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loader": loader}, log=log)
     step = ckpt.restore()
-    epoch = step // steps_per_epoch
+    # Where the loop stands; each new epoch starts at cursor 0.
+    epoch, cursor = divmod(step, steps_per_epoch)
     while step < args.steps:
         sampler.set_epoch(epoch)
         for ids, (x, y) in loader:  # a restored loader continues its epoch by itself
             loss = train_step(model, optimizer, x, y)
             log.step(step, sample_ids=ids, loss=loss, epoch=epoch,
-                     cursor_step=step - epoch * steps_per_epoch)
+                     cursor_step=cursor)
             ckpt.after_step(step)
-            step += 1
+            step, cursor = step + 1, cursor + 1
             if step == args.steps:
                 break
-        epoch += 1
+        epoch, cursor = epoch + 1, 0
     ckpt.close()
     log.close()
     finish()

@@ -67,17 +67,18 @@ def main() -> None:
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loader": loader},
                              log=log)
     step = ckpt.restore()
-    epoch = step // steps_per_epoch
+    # Where the loop stands; each new epoch starts at cursor 0.
+    epoch, cursor = divmod(step, steps_per_epoch)
     while step < args.steps:
         for batch in loader:  # Streaming keeps its own epoch count and resume point
             loss = train_step(model, optimizer, batch["x"], batch["y"])
             log.step(step, sample_ids=batch["id"], loss=loss, epoch=epoch,
-                     cursor_step=step - epoch * steps_per_epoch)
+                     cursor_step=cursor)
             ckpt.after_step(step)
-            step += 1
+            step, cursor = step + 1, cursor + 1
             if step == args.steps:
                 break
-        epoch += 1
+        epoch, cursor = epoch + 1, 0
     ckpt.close()
     log.close()
     finish()
