@@ -21,7 +21,7 @@ position after the last batch yielded, which is the same thing when nothing is p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import Sampler
@@ -62,6 +62,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._next = 0
         self._tracked = False
         self._pending: str | None = None
+        self._on_start: Callable[[], None] | None = None
 
     # --- geometry --------------------------------------------------------------------------------
 
@@ -102,6 +103,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
             )
         rank, world = self.rank, self.world_size
         self.geometry.local_batch(world)
+        if self._on_start is not None:
+            start, self._on_start = self._on_start, None
+            start()
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
         for step, ids in state.iter_shards(rank, world):
             if self.steps is not None and step >= self.steps:
@@ -116,6 +120,16 @@ class GlobalBatchSampler(Sampler[list[int]]):
             raise TypeError("GlobalBatchSampler(steps=None) is endless: give steps= to get a "
                             "length, or drive the loop by step count")
         return max(0, self.steps - self._next)
+
+    def call_on_start(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once, when iteration produces its first batch.
+
+        :class:`ecrl.Checkpointer` restores the RNG states this way: a ``DataLoader`` draws its
+        workers' base seed from the global generator when its iterator is created, after
+        ``restore()``; restoring at the first batch instead puts the generator exactly where it
+        was after the checkpointed step, as in a run that was never interrupted.
+        """
+        self._on_start = action
 
     def step_done(self, step: int) -> None:
         """The training loop completed global step ``step``: the state now points at step + 1."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -214,7 +214,7 @@ class Checkpointer:
         if point is None:
             for sampler in self.samplers:
                 sampler._pending = None
-            self._seed_rank(0)
+            self._restore_rng(lambda: self._seed_rank(0))
             self._restored = 0
             return 0
         step, path, checksum = point
@@ -248,11 +248,20 @@ class Checkpointer:
                                       f"{sampler.next_step}) disagrees with its step {step}")
         ranks = saved[RNG_KEY]["ranks"]
         if self.rank < len(ranks):
-            statepack.set_rng_state(ranks[self.rank])
+            mine = ranks[self.rank]
+            self._restore_rng(lambda: statepack.set_rng_state(mine))
         else:
-            self._seed_rank(nxt)
+            self._restore_rng(lambda: self._seed_rank(nxt))
         self._restored = nxt
         return nxt
+
+    def _restore_rng(self, action: Callable[[], None]) -> None:
+        # With ECRL's sampler, when its first batch is drawn (see
+        # GlobalBatchSampler.call_on_start: the DataLoader's own seed draw comes first); else now.
+        if self.samplers:
+            self.samplers[0].call_on_start(action)
+        else:
+            action()
 
     def _seed_rank(self, step: int) -> None:
         if self.seed is not None:

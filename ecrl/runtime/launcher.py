@@ -146,6 +146,11 @@ class LaunchSupervisor(Supervisor):
                               + "; wait for it or stop it first") from None
         self._lock = handle
 
+    def _torchrun_log(self, attempt: int) -> Path:
+        if self.node_rank == 0:
+            return Supervisor._torchrun_log(self, attempt)
+        return self.paths.attempt_dir(attempt) / f"torchrun-node-{self.node_rank}.log"
+
     def _next_attempt(self) -> int:
         if self.config.nnodes > 1:
             # The other nodes create attempt folders in the shared directory too: count our own

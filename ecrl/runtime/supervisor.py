@@ -189,7 +189,8 @@ class _Progress:
             steps = self.window[-1][1] - self.window[0][1]
             rate = f" · {steps / (self.window[-1][0] - self.window[0][0]):.1f} steps/s"
         loss = f"{self.last_loss:.4f}" if isinstance(self.last_loss, float) else "n/a"
-        self.emit(f"  step {self.last_step + 1}/{self.target} · loss {loss}{rate} · restarts "
+        of = f"/{self.target}" if self.target else ""  # ecrl launch: unknown until run.json
+        self.emit(f"  step {self.last_step + 1}{of} · loss {loss}{rate} · restarts "
                   f"{restarts} [attempt {attempt}, W={world}]")
         self.last_print = now
         self.window = self.window[-1:]
@@ -342,13 +343,16 @@ class Supervisor:
         env.update(attempt.to_environ())
         return env
 
+    def _torchrun_log(self, attempt: int) -> Path:
+        return self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+
     def _launch(self, attempt: int, world: int, pointer: LatestPointer | None,
                 fail_at: list[int]) -> int:
         paths = self.paths
         paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
         progress = _Progress(emit=self.out, target=self.manifest.target_steps)
         tail = _Tail(paths.rank_log(attempt, 0))
-        with open(paths.attempt_dir(attempt) / TORCHRUN_LOG, "ab") as log:
+        with open(self._torchrun_log(attempt), "ab") as log:
             # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
             # decides how to stop it); the parent-death signal stops it if we are killed outright.
             env = self._environment(world, self._attempt_env(attempt, pointer, fail_at))
@@ -451,7 +455,8 @@ class Supervisor:
         self._save()
         how = "fresh start" if pointer is None else f"resume after step {pointer.global_step}"
         start = 0 if pointer is None else pointer.global_step + 1
-        self.out(f"[attempt {attempt}] world size {world}, {how}, steps {start}..{target - 1}"
+        span = f"steps {start}..{target - 1}" if target else f"from step {start}"
+        self.out(f"[attempt {attempt}] world size {world}, {how}, {span}"
                  + (f", failures at {fail_at}" if fail_at else ""))
         code = self._launch(attempt, world, pointer, fail_at)
         first, last = attempt_steps(self.paths, attempt, world)
@@ -516,7 +521,7 @@ class Supervisor:
             self.out(f"  {line}")
 
     def _show_log_tail(self, attempt: int, lines: int = 15) -> None:
-        path = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
+        path = self._torchrun_log(attempt)
         with contextlib.suppress(OSError):
             text = path.read_text(errors="replace").splitlines()
             # The ranks' own one-line reports say more than torchrun's summary of them; failing

@@ -1,0 +1,235 @@
+"""The public library API in one process (world size 1, no torchrun): what it computes and how it
+refuses bad use. Real files, real checkpoints; the multi-process runs are in
+tests/integration/test_launch*.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ecrl
+from ecrl.contract import semantics
+from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.errors import ConfigError, SemanticsError
+from ecrl.contract.runformat import STRATEGIES, RunManifest, read_json_record
+from ecrl.runtime import _attempt, registry
+from ecrl.runtime.strategies import CheckpointContext, make_strategy
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each test is a new "launch": no supervisor environment, no attempt remembered.
+    for key in [k for k in __import__("os").environ if k.startswith("ECRL_")]:
+        monkeypatch.delenv(key)
+    _attempt._CACHE.clear()
+
+
+class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+def test_public_names_are_lazy_and_resolve() -> None:
+    for name in ("GlobalBatchSampler", "WithSampleIds", "StepLog", "Checkpointer"):
+        assert name in ecrl.__all__
+        assert getattr(ecrl, name).__name__ == name
+    with pytest.raises(AttributeError):
+        _ = ecrl.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_sampler_yields_this_ranks_shard_and_reshards_at_another_world_size() -> None:
+    d, b, seed = 103, 12, 5
+    geometry = semantics.Geometry(dataset_size=d, global_batch=b)
+    two = [ecrl.GlobalBatchSampler(d, b, seed=seed, rank=r, world_size=2) for r in range(2)]
+    streams = [iter(s) for s in two]
+    for step in range(11):  # crosses the epoch boundary (S = 8)
+        for r, stream in enumerate(streams):
+            assert next(stream) == semantics.shard(geometry, seed, step, r, 2).tolist()
+        for s in two:
+            s.step_done(step)
+    state = two[0].state_dict()
+    four = [ecrl.GlobalBatchSampler(d, b, seed=seed, rank=r, world_size=4) for r in range(4)]
+    for s in four:
+        s.load_state_dict(state)
+    union = [i for s in four for i in next(iter(s))]
+    assert union == semantics.window(geometry, seed, 11).tolist()
+
+
+def test_global_batch_not_divisible_by_world_size_is_one_clear_error() -> None:
+    with pytest.raises(SemanticsError, match="global batch 8 is not divisible by world size 3"):
+        ecrl.GlobalBatchSampler(100, 8, world_size=3, rank=0)
+
+
+def test_state_of_another_dataset_or_seed_is_refused() -> None:
+    saved = ecrl.GlobalBatchSampler(100, 8, seed=1).state_dict()
+    for other in (ecrl.GlobalBatchSampler(100, 8, seed=2), ecrl.GlobalBatchSampler(120, 8, seed=1),
+                  ecrl.GlobalBatchSampler(100, 4, seed=1)):
+        with pytest.raises(SemanticsError, match="resume with the run's own data set"):
+            other.load_state_dict(saved)
+
+
+def test_sampler_iterated_before_its_pending_state_is_an_error(tmp_path: Path) -> None:
+    _train(tmp_path, steps=6, every=2, stop_after=3)  # leaves a checkpoint at step 3
+    _attempt._CACHE.clear()
+    model, opt = _model()
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=6)
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler},
+                             run_dir=tmp_path, every=2)
+    with pytest.raises(SemanticsError, match="iterated before its saved state was loaded"):
+        next(iter(DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler)))
+    assert ckpt.restore() == 4
+    assert sampler.next_step == 4
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _train(run: Path, *, steps: int, every: int, stop_after: int | None = None, seed: int = 0,
+           workers: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """A small standalone loop; returns the losses it logged and the final weights."""
+    model, opt = _model()
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=seed, steps=steps)
+    loader = DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler,
+                        num_workers=workers)
+    log = ecrl.StepLog(run, sampler=sampler, steps=steps)
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler}, log=log,
+                             every=every, strategy="blocking")
+    losses = []
+    start = ckpt.restore()
+    for step, (ids, (x, y)) in zip(range(start, steps), loader, strict=True):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        log.step(step, sample_ids=ids, loss=loss)
+        ckpt.after_step(step)
+        losses.append(float(loss.detach()))
+        if step == stop_after:
+            break
+    ckpt.close()
+    log.close()
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_standalone_resume_is_bit_identical_and_logs_the_ids_that_reached_the_step(
+        tmp_path: Path, workers: int) -> None:
+    whole, final = _train(tmp_path / "whole", steps=12, every=4, workers=workers)
+    first, _ = _train(tmp_path / "cut", steps=12, every=4, stop_after=9, workers=workers)
+    _attempt._CACHE.clear()
+    rest, resumed = _train(tmp_path / "cut", steps=12, every=4, workers=workers)
+    assert first[:8] + rest == whole  # the checkpoint after step 7: steps 8.. replayed
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+    manifest = read_json_record(tmp_path / "cut" / "run.json", RunManifest)
+    assert manifest.sampler == {"kind": "ecrl", "name": "ecrl.GlobalBatchSampler"}
+    geometry = semantics.Geometry(dataset_size=64, global_batch=8)
+    records = [json.loads(line) for line in
+               (tmp_path / "cut" / "logs" / "attempt-001" / "rank-000.jsonl").open()]
+    assert [r["global_step"] for r in records] == list(range(8, 12))
+    for r in records:
+        assert r["sample_ids"] == semantics.shard(geometry, 0, r["global_step"], 0, 1).tolist()
+
+
+def test_a_step_logged_twice_is_an_error(tmp_path: Path) -> None:
+    sampler = ecrl.GlobalBatchSampler(64, 8)
+    log = ecrl.StepLog(tmp_path, sampler=sampler, steps=4)
+    ids = next(iter(sampler))
+    log.step(0, sample_ids=ids, loss=1.0)
+    with pytest.raises(SemanticsError, match="step 0 logged twice"):
+        log.step(0, sample_ids=ids, loss=1.0)
+
+
+def test_ids_that_are_not_the_steps_are_refused(tmp_path: Path) -> None:
+    sampler = ecrl.GlobalBatchSampler(64, 8)
+    log = ecrl.StepLog(tmp_path, sampler=sampler, steps=4)
+    stream = iter(sampler)
+    next(stream)
+    with pytest.raises(SemanticsError, match="does not hold the IDs the sampler scheduled"):
+        log.step(0, sample_ids=next(stream))
+
+
+@pytest.mark.parametrize(("change", "what"), [({"seed": 3}, "seed=0"),
+                                              ({"dataset_size": 72}, "dataset_size=64")])
+def test_restoring_a_checkpoint_of_another_dataset_or_seed_is_refused(
+        tmp_path: Path, change: dict[str, int], what: str) -> None:
+    _train(tmp_path, steps=6, every=2, stop_after=3)
+    _attempt._CACHE.clear()
+    settings = {"dataset_size": 64, "seed": 0, **change}
+    sampler = ecrl.GlobalBatchSampler(settings["dataset_size"], 8, seed=settings["seed"])
+    model, opt = _model()
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler},
+                             run_dir=tmp_path)
+    with pytest.raises(CheckpointError, match=f"written by a run with {what}.*does not belong"):
+        ckpt.restore()
+
+
+def test_a_run_json_of_another_run_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path, steps=6, every=2, stop_after=1)
+    _attempt._CACHE.clear()
+    log = ecrl.StepLog(tmp_path, sampler=ecrl.GlobalBatchSampler(64, 8, seed=9), steps=6)
+    with pytest.raises(ConfigError, match="describes a run with seed 0, this script has 9"):
+        log.ensure_manifest()
+
+
+def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) -> None:
+    log = ecrl.StepLog(tmp_path, sampler={"kind": "external", "name": "my.Sampler"},
+                       dataset_size=64, global_batch=8, steps=4)
+    with pytest.raises(ConfigError, match="needs epoch= and cursor_step="):
+        log.step(0, sample_ids=np.arange(8))
+    log.step(0, sample_ids=np.arange(8), epoch=0, cursor_step=0, loss=torch.tensor(0.5))
+    log.close()
+    manifest = read_json_record(tmp_path / "run.json", RunManifest)
+    assert manifest.external_sampler and manifest.sampler == {"kind": "external",
+                                                              "name": "my.Sampler"}
+    record = json.loads((tmp_path / "logs" / "attempt-000" / "rank-000.jsonl").read_text())
+    assert record["sample_ids"] == list(range(8)) and record["loss"] == 0.5
+
+
+def test_with_sample_ids_carries_ids_through_workers_and_collation() -> None:
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=4, steps=3)
+    batches = list(DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler,
+                              num_workers=2))
+    geometry = semantics.Geometry(dataset_size=64, global_batch=8)
+    for step, (ids, (x, _)) in enumerate(batches):
+        assert ids.tolist() == semantics.shard(geometry, 4, step, 0, 1).tolist()
+        assert x[:, 0].tolist() == [float(i) for i in ids]  # each ID rode with its own sample
+
+
+def test_checkpointer_refuses_non_stateful_values_and_the_reserved_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no state_dict/load_state_dict"):
+        ecrl.Checkpointer({"x": 3}, run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="reserved"):
+        ecrl.Checkpointer({"rng": torch.nn.Linear(1, 1)}, run_dir=tmp_path)
+
+
+def test_the_strategy_registry_is_the_one_source(tmp_path: Path) -> None:
+    assert registry.strategy_names() == STRATEGIES  # the run format's vocabulary, no other
+    for name in registry.built_strategies():
+        cls = registry.strategy_class(name)
+        assert cls.name == name
+    with pytest.raises(ConfigError, match="not built yet"):
+        make_strategy("sharded", None)  # type: ignore[arg-type]
+    registry.register_strategy("custom-test", "ecrl.runtime.strategies:NoCheckpoints",
+                               summary="test")
+    try:
+        ctx = CheckpointContext(paths=None, attempt=0, rank=0, world_size=1,  # type: ignore
+                                geometry=semantics.Geometry(dataset_size=8, global_batch=8),
+                                target_steps=4, every=1, keep=2, max_inflight=1,
+                                capture=lambda r: {}, meta=lambda s: {})
+        assert make_strategy("custom-test", ctx).name == "custom-test"
+    finally:
+        del registry.REGISTRY["custom-test"]
