@@ -4,9 +4,9 @@
 checkpoint; restored at another world size it re-shards the same windows. The verifier knows its
 order, so it checks every step's window, not only per-epoch exactly-once.
 
-    ecrl launch --out RUN --nproc 2 --world-sizes 2,1,2 --steps 15 --ckpt-every 2 \\
+    ecrl launch --out runs/ecrl-sampler --world-sizes 2,1,2 --strategy blocking --ckpt-every 2 \\
         --fail-at 4,9 -- python docs/examples/case_ecrl_sampler.py
-    ecrl-verify RUN
+    ecrl-verify runs/ecrl-sampler
 """
 
 from __future__ import annotations

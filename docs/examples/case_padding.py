@@ -6,8 +6,9 @@ ones of the epoch's order, so that both ranks get 20. Every epoch of this loop t
 one sample twice. The resume logic is correct (it skips the batches the restored step already
 consumed); the padding alone is under study.
 
-    ecrl launch --out RUN --nproc 2 --steps 10 -- python docs/examples/case_padding.py
-    ecrl-verify RUN
+    ecrl launch --out runs/padding --nproc 2 --strategy blocking --ckpt-every 5 --fail-at 6 \\
+        -- python docs/examples/case_padding.py
+    ecrl-verify runs/padding
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ resumes, continues the global step count from the checkpoint but iterates the sa
 its first batch again. The batches of that epoch that the checkpoint had already trained on are
 trained on a second time.
 
-    ecrl launch --out RUN --nproc 2 --steps 15 --ckpt-every 3 --fail-at 7 \\
-        -- python docs/examples/case_restart_epoch.py
-    ecrl-verify RUN
+    ecrl launch --out runs/restart-epoch --nproc 2 --strategy blocking --ckpt-every 3 \\
+        --fail-at 7 -- python docs/examples/case_restart_epoch.py
+    ecrl-verify runs/restart-epoch
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ After a 2 → 1 change the saved count is in batches of the old, smaller local s
 rank skips twice as many samples as were consumed, and the samples in between are never trained
 on.
 
-    ecrl launch --out RUN --nproc 2 --world-sizes 2,1 --steps 20 --ckpt-every 4 --fail-at 13 \\
-        -- python docs/examples/case_skip_batches.py
-    ecrl-verify RUN
+    ecrl launch --out runs/skip-batches --world-sizes 2,1 --strategy blocking --ckpt-every 4 \\
+        --fail-at 13 -- python docs/examples/case_skip_batches.py
+    ecrl-verify runs/skip-batches
 """
 
 from __future__ import annotations

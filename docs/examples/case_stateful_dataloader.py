@@ -5,11 +5,11 @@ Stateful); the loop derives its epoch from the restored step, as trainers common
 (``epoch = step // steps_per_epoch``), and trusts the loader to continue where it stopped.
 Run it killed in the middle of an epoch and killed right after an epoch's last step:
 
-    ecrl launch --out RUN --nproc 2 --steps 15 --ckpt-every 1 --fail-at 7 \\
-        -- python docs/examples/case_stateful_dataloader.py
-    ecrl launch --out RUN --nproc 2 --steps 15 --ckpt-every 1 --fail-at 9 \\
-        -- python docs/examples/case_stateful_dataloader.py
-    ecrl-verify RUN
+    ecrl launch --out runs/stateful-mid --nproc 2 --strategy blocking --ckpt-every 3 \\
+        --fail-at 7 -- python docs/examples/case_stateful_dataloader.py
+    ecrl launch --out runs/stateful-end --nproc 2 --strategy blocking --ckpt-every 5 \\
+        --fail-at 9 -- python docs/examples/case_stateful_dataloader.py
+    ecrl-verify runs/stateful-end --same-order runs/stateful-mid
 """
 
 from __future__ import annotations

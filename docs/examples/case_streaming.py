@@ -8,10 +8,12 @@ epoch and samples consumed, counted over all ranks). Streaming claims elastic de
 the same global batch, a run resumed at another number of ranks sees the samples it would have
 seen without the interruption.
 
-    python docs/examples/case_streaming.py --write-shards DATA
-    ecrl launch --out RUN --nproc 2 --world-sizes 2,1 --steps 10 --ckpt-every 1 --fail-at 6 \\
-        -- python docs/examples/case_streaming.py --data DATA
-    ecrl-verify RUN
+    python docs/examples/case_streaming.py --write-shards data-mds
+    ecrl launch --out runs/streaming-2to1 --world-sizes 2,1 --strategy blocking --ckpt-every 2 \\
+        --fail-at 6 -- python docs/examples/case_streaming.py --data data-mds
+    ecrl launch --out runs/streaming-2to2 --world-sizes 2 --strategy blocking --ckpt-every 2 \\
+        --fail-at 6 -- python docs/examples/case_streaming.py --data data-mds
+    ecrl-verify runs/streaming-2to1 --same-order runs/streaming-2to2
 """
 
 from __future__ import annotations
