@@ -31,7 +31,12 @@ import ecrl
 
 def main() -> None:
     args = parse_args(dataset_size=40, global_batch=8, steps=15,
-                      extra=[("--workers", {"type": int, "default": 2})])
+                      extra=[("--workers", {"type": int, "default": 2}),
+                             ("--resume-into", {"choices": ["next", "checkpoint"],
+                                                "default": "next",
+                                                "help": "the epoch a resumed loop enters: the "
+                                                        "next step's (common) or the "
+                                                        "checkpointed step's"})])
     _, world = init_distributed()
     data = ecrl.WithSampleIds(Points(args.dataset_size, args.seed))
     sampler = StatefulDistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
@@ -49,6 +54,11 @@ def main() -> None:
     step = ckpt.restore()
     # Where the loop stands; each new epoch starts at cursor 0.
     epoch, cursor = divmod(step, steps_per_epoch)
+    if args.resume_into == "checkpoint" and step > 0:
+        # The epoch of the checkpointed step, even when that step ended it: the restored
+        # loader belongs to that epoch's pass.
+        epoch, cursor = divmod(step - 1, steps_per_epoch)
+        cursor += 1
     while step < args.steps:
         sampler.set_epoch(epoch)
         for ids, (x, y) in loader:  # a restored loader continues its epoch by itself

@@ -128,6 +128,14 @@ def stateful_end(runs: RunCache) -> Run:
                                                "--fail-at", "9"], "case_stateful_dataloader.py")
 
 
+@pytest.fixture(scope="module")
+def stateful_end_fixed(runs: RunCache) -> Run:
+    pytest.importorskip("torchdata.stateful_dataloader")
+    return _launch(runs, "case-stateful-end-fixed", ["--nproc", "2", "--ckpt-every", "5",
+                                                     "--fail-at", "9"],
+                   "case_stateful_dataloader.py", "--resume-into", "checkpoint")
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,6 +279,18 @@ def test_stateful_dataloader_resumed_after_an_epochs_last_step_skips_an_epoch(
     assert order["step"] == compared.run["same_order"]["first_difference"] == 10
 
 
+def test_stateful_dataloader_resumed_into_the_checkpoints_epoch_is_exact(
+        stateful_end_fixed: Run, stateful_mid: Run) -> None:
+    verdict = verify(stateful_end_fixed.root, "--same-order", str(stateful_mid.root))
+    assert verdict.verdict == "PASS", verdict.text
+    assert verdict.run["windows_checked"] is False
+    same = verdict.run["same_order"]
+    assert (same["steps_compared"], same["first_difference"]) == (15, None)
+    # The kill came after the epoch's last step: the resumed attempt starts a new epoch.
+    first = verdict.run["lineage"][1]["first_step"]
+    assert first == 10
+
+
 def test_streaming_resumed_2_to_1_keeps_exactly_once_and_its_order(
         streaming_resized: Run, streaming_same_size: Run) -> None:
     verdict = verify(streaming_resized.root)
@@ -299,7 +319,7 @@ def test_ecrl_sampler_passes_with_windows_checked_at_2_1_2(ecrl_sampler: Run) ->
 
 
 @pytest.mark.parametrize("case", ["padding", "restart_epoch", "skip_batches", "stateful_mid",
-                                  "stateful_end", "streaming_resized"])
+                                  "stateful_end", "stateful_end_fixed", "streaming_resized"])
 def test_an_external_sampler_is_never_claimed_window_checked(
         case: str, request: pytest.FixtureRequest) -> None:
     run: Run = request.getfixturevalue(case)
