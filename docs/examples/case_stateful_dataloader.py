@@ -3,13 +3,17 @@
 The loader and its ``StatefulDistributedSampler`` ride in the checkpoint (the loader is
 Stateful); the loop derives its epoch from the restored step, as trainers commonly do
 (``epoch = step // steps_per_epoch``), and trusts the loader to continue where it stopped.
-Run it killed in the middle of an epoch and killed right after an epoch's last step:
+Run it killed in the middle of an epoch and killed right after an epoch's last step, then the
+latter again with the loop entering the checkpointed step's epoch (``--resume-into checkpoint``):
 
     ecrl launch --out runs/stateful-mid --nproc 2 --strategy blocking --ckpt-every 3 \\
         --fail-at 7 -- python docs/examples/case_stateful_dataloader.py
     ecrl launch --out runs/stateful-end --nproc 2 --strategy blocking --ckpt-every 5 \\
         --fail-at 9 -- python docs/examples/case_stateful_dataloader.py
     ecrl-verify runs/stateful-end --same-order runs/stateful-mid
+    ecrl launch --out runs/stateful-end-fixed --nproc 2 --strategy blocking --ckpt-every 5 \\
+        --fail-at 9 -- python docs/examples/case_stateful_dataloader.py --resume-into checkpoint
+    ecrl-verify runs/stateful-end-fixed --same-order runs/stateful-mid
 """
 
 from __future__ import annotations
