@@ -17,11 +17,19 @@ from types import TracebackType
 
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime.batch_sampler import dist_rank_world
 from ecrl.runtime.failure import write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 
-__all__ = ["Attempt", "resolve_attempt"]
+__all__ = ["Attempt", "dist_rank_world", "install_error_hook", "resolve_attempt"]
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group, or ``(0, 1)`` without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,28 +90,39 @@ def resolve_attempt(run_dir: str | os.PathLike[str] | None) -> Attempt:
             number = _broadcast(number)
         attempt = Attempt(paths=paths, attempt=number, rank=rank, world_size=world, env=env)
         paths.attempt_dir(number).mkdir(parents=True, exist_ok=True)
-        _install_error_hook(attempt)
+        install_error_hook()
         _CACHE[key] = attempt
         return attempt
 
 
-def _install_error_hook(attempt: Attempt) -> None:
-    """A user's mistake (an :class:`EcrlError`) ends the process with its one line, no
-    traceback, and — under the supervisor — a ``fatal.json`` so that it is not relaunched."""
+_HOOKED = False
+
+
+def install_error_hook() -> None:
+    """A user's mistake (an :class:`EcrlError`) ends the process with its one line and no
+    traceback; under the supervisor it also leaves ``fatal.json`` so that the attempt is not
+    relaunched (a restart cannot fix it). Other exceptions keep the usual report. Installed once
+    per process, by the first library object built."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         from ecrl.runtime.bgwriter import WriterCrashed
 
-        if isinstance(exc, WriterCrashed):
-            print(f"ecrl (rank {attempt.rank}): {exc}", file=sys.stderr, flush=True)
+        rank = os.environ.get("RANK", "0")
+        if isinstance(exc, WriterCrashed):  # restartable: the supervisor relaunches
+            print(f"ecrl (rank {rank}): {exc}", file=sys.stderr, flush=True)
             return
         if not isinstance(exc, EcrlError):
             previous(kind, exc, tb)
             return
-        if attempt.env is not None:
-            write_fatal(attempt.paths, attempt=attempt.attempt, rank=attempt.rank,
+        env = AttemptEnv.from_environ()
+        if env is not None:
+            write_fatal(RunPaths.of(env.run_dir), attempt=env.attempt, rank=int(rank),
                         message=str(exc))
-        print(f"ecrl (rank {attempt.rank}): error: {exc}", file=sys.stderr, flush=True)
+        print(f"ecrl (rank {rank}): error: {exc}", file=sys.stderr, flush=True)
 
     sys.excepthook = hook

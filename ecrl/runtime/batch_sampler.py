@@ -28,17 +28,9 @@ from torch.utils.data import Sampler
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
+from ecrl.runtime._attempt import dist_rank_world, install_error_hook
 
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
-
-
-def dist_rank_world() -> tuple[int, int]:
-    """``(rank, world_size)`` of the default process group, or ``(0, 1)`` without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -53,6 +45,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0,
                  steps: int | None = None, rank: int | None = None,
                  world_size: int | None = None) -> None:
+        install_error_hook()
         self.geometry = semantics.Geometry(dataset_size=dataset_size, global_batch=global_batch)
         self.seed = semantics.SamplerState.at_step(self.geometry, seed, 0).seed
         self.steps = steps

@@ -73,13 +73,18 @@ class StepLog:
     ``run_dir``: the run directory (None under ``ecrl launch``, which sets it). ``steps``: the
     committed steps the run must reach (``run.json`` ``target_steps``). ``log_ids``: log every
     sample ID (else count and hash only). ``model``/``dataset``: names recorded in ``run.json``.
+    ``steps_per_epoch``: with an external sampler, the loop's steps per epoch S when it is not
+    ``dataset_size // global_batch`` (the records' epoch and cursor step must be
+    ``divmod(step, S)``). ``deterministic=False`` declares kernels that are not bit-reproducible
+    (the verifier then compares replayed losses with a tolerance).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  sampler: GlobalBatchSampler | Mapping[str, Any], steps: int,
                  dataset_size: int | None = None, global_batch: int | None = None,
                  seed: int | None = None, log_ids: bool = True, model: str = "user-model",
-                 dataset: str = "user-dataset", check_ids: bool = True) -> None:
+                 dataset: str = "user-dataset", check_ids: bool = True,
+                 steps_per_epoch: int | None = None, deterministic: bool | None = None) -> None:
         if isinstance(sampler, GlobalBatchSampler):
             given = {"dataset_size": dataset_size, "global_batch": global_batch, "seed": seed}
             mine = {"dataset_size": sampler.geometry.dataset_size,
@@ -105,10 +110,21 @@ class StepLog:
                                                global_batch=global_batch)
             self.seed = 0 if seed is None else int(seed)
             self.description = dict(sampler)
+            if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not
+                                                isinstance(steps_per_epoch, int)
+                                                or steps_per_epoch < 1):
+                raise ConfigError(f"StepLog(steps_per_epoch={steps_per_epoch!r}) must be a "
+                                  "positive integer")
         else:
             raise ConfigError(f"StepLog(sampler=…) must be an ecrl.GlobalBatchSampler or a dict, "
                               f"got {type(sampler).__name__}")
         assert self.description["kind"] in SAMPLER_KINDS
+        if self.sampler is not None and steps_per_epoch not in (
+                None, self.geometry.steps_per_epoch):
+            raise ConfigError(f"StepLog(steps_per_epoch={steps_per_epoch}): ECRL's sampler has "
+                              f"{self.geometry.steps_per_epoch} steps per epoch; leave it out")
+        self.steps_per_epoch = steps_per_epoch or self.geometry.steps_per_epoch
+        self.deterministic = deterministic
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigError(f"StepLog(steps={steps!r}): give the number of steps the run must "
                               "reach, a positive integer")
@@ -122,7 +138,10 @@ class StepLog:
         self.attempt = self.run.attempt
         self.rank = self.run.rank
         self.world_size = self.run.world_size
-        self.local_batch = self.geometry.local_batch(self.world_size)
+        # ECRL's order needs W | B; an external sampler may hand ranks uneven shares (its
+        # records then carry what each rank really got, and the verifier judges it).
+        self.local_batch = (self.geometry.local_batch(self.world_size) if self.sampler is not None
+                            else None)
         self.manifest: RunManifest | None = None
         self._checkpointing: dict[str, Any] = {"strategy": "none", "ckpt_every": 0,
                                                "fail_at": []}
@@ -143,12 +162,14 @@ class StepLog:
         return RunManifest(
             seed=self.seed, dataset={"name": self.dataset, "size": self.geometry.dataset_size},
             global_batch=self.geometry.global_batch,
-            steps_per_epoch=self.geometry.steps_per_epoch, target_steps=self.steps,
+            steps_per_epoch=self.steps_per_epoch, target_steps=self.steps,
             permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
                          "version": semantics.PERMUTATION_VERSION},
             log_ids=self.log_ids, model=self.model,
             created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            sampler=self.description, extra={"ecrl_version": __version__}, **settings)
+            sampler=self.description, extra={"ecrl_version": __version__, **(
+                {} if self.deterministic is None else {"deterministic": self.deterministic})},
+            **settings)
 
     def ensure_manifest(self) -> RunManifest:
         """``run.json``: written by rank 0 when absent, else checked against this run."""
@@ -162,6 +183,7 @@ class StepLog:
             checks = (("dataset size", existing.dataset_size, self.geometry.dataset_size),
                       ("global batch", existing.global_batch, self.geometry.global_batch),
                       ("seed", existing.seed, self.seed),
+                      ("steps per epoch", existing.steps_per_epoch, self.steps_per_epoch),
                       ("target steps", existing.target_steps, self.steps),
                       ("sampler", theirs.get("kind"), self.description["kind"]))
             for what, old, new in checks:
@@ -220,7 +242,7 @@ class StepLog:
         self._writer.write(StepRecord(
             attempt=self.attempt, global_step=step, epoch=int(epoch),
             cursor_step=int(cursor_step), rank=self.rank, world_size=self.world_size,
-            local_batch=self.local_batch, sample_ids_count=int(ids.size),
+            local_batch=self.local_batch or max(1, int(ids.size)), sample_ids_count=int(ids.size),
             sample_ids_hash=semantics.format_hash(semantics.ids_hash(ids)),
             loss=_as_loss(loss), time=time.time(),
             sample_ids=ids.tolist() if self.log_ids else None, extra=extra))
