@@ -106,25 +106,3 @@ def finish() -> None:
         dist.barrier()
         dist.destroy_process_group()
 
-
-def external_step_log(run_dir: str | None, *, name: str, steps: int, dataset_size: int,
-                      global_batch: int, seed: int, steps_per_epoch: int,
-                      **sampler: Any) -> Any:
-    """``ecrl.StepLog`` for a sampler ECRL does not know, declaring the loop's own epoch length.
-
-    ``run.json``'s ``steps_per_epoch`` is the user's loop's for an external sampler
-    (``docs/run-format.md``): a padded ``DistributedSampler`` runs more steps per epoch than
-    ``D // B``, and the audit must count its epochs as the loop does to see the padding.
-    ``StepLog`` has no argument for it yet, so this subclass puts it into the manifest it plans.
-    """
-    import dataclasses
-
-    import ecrl
-
-    class _LoopEpochStepLog(ecrl.StepLog):  # type: ignore[misc, name-defined]
-        def _planned(self) -> Any:
-            return dataclasses.replace(super()._planned(), steps_per_epoch=steps_per_epoch)
-
-    return _LoopEpochStepLog(run_dir, sampler={"kind": "external", "name": name, **sampler},
-                             steps=steps, dataset_size=dataset_size, global_batch=global_batch,
-                             seed=seed)

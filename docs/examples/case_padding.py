@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from _case_common import (
     Points,
-    external_step_log,
     finish,
     init_distributed,
     make_model,
@@ -34,10 +33,11 @@ def main() -> None:
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=False)
     loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler)
     steps_per_epoch = len(loader)  # ceil(D / W) / L: one more sample than D per epoch
-    log = external_step_log(args.run_dir, name="torch.utils.data.DistributedSampler",
-                            drop_last=False, steps=args.steps, dataset_size=args.dataset_size,
-                            global_batch=args.global_batch, seed=args.seed,
-                            steps_per_epoch=steps_per_epoch)
+    log = ecrl.StepLog(
+        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
+        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
+        sampler={"kind": "external", "name": "torch.utils.data.DistributedSampler",
+                 "drop_last": False})
     model, optimizer = make_model(args.seed)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer}, log=log)
     step = ckpt.restore()

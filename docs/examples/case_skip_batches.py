@@ -20,7 +20,6 @@ import itertools
 from _case_common import (
     LoopState,
     Points,
-    external_step_log,
     finish,
     init_distributed,
     make_model,
@@ -40,10 +39,10 @@ def main() -> None:
     loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
                         drop_last=True)
     steps_per_epoch = len(loader)
-    log = external_step_log(args.run_dir, name="torch.utils.data.DistributedSampler",
-                            steps=args.steps, dataset_size=args.dataset_size,
-                            global_batch=args.global_batch, seed=args.seed,
-                            steps_per_epoch=steps_per_epoch)
+    log = ecrl.StepLog(
+        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
+        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
+        sampler={"kind": "external", "name": "torch.utils.data.DistributedSampler"})
     model, optimizer = make_model(args.seed)
     loop = LoopState(epoch=0, consumed=0)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loop": loop}, log=log)
