@@ -11,6 +11,7 @@ then judges what the logs say reached each step.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -102,7 +103,14 @@ class LoopState:
 
 
 def finish() -> None:
+    """End the process group; call it after ``main()`` has returned.
+
+    By then the DDP model, which holds the process group, has gone with ``main``'s frame: with
+    gloo on torch 2.14, a DDP module that outlives ``destroy_process_group`` (or is torn down
+    at interpreter exit) sometimes aborts the process ("terminate called without an active
+    exception") after a run that completed, and the supervisor then relaunches it.
+    """
     if dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
-

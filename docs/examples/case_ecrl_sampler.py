@@ -37,8 +37,8 @@ def main() -> None:
         step += 1
     ckpt.close()
     log.close()
-    finish()
 
 
 if __name__ == "__main__":
     main()
+    finish()

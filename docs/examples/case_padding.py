@@ -56,8 +56,8 @@ def main() -> None:
         epoch += 1
     ckpt.close()
     log.close()
-    finish()
 
 
 if __name__ == "__main__":
     main()
+    finish()

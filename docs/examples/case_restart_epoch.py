@@ -57,8 +57,8 @@ def main() -> None:
         loop["epoch"] = epoch + 1
     ckpt.close()
     log.close()
-    finish()
 
 
 if __name__ == "__main__":
     main()
+    finish()

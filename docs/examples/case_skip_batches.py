@@ -62,8 +62,8 @@ def main() -> None:
         loop["epoch"], loop["consumed"] = epoch + 1, 0
     ckpt.close()
     log.close()
-    finish()
 
 
 if __name__ == "__main__":
     main()
+    finish()

@@ -74,8 +74,8 @@ def main() -> None:
         epoch, cursor = epoch + 1, 0
     ckpt.close()
     log.close()
-    finish()
 
 
 if __name__ == "__main__":
     main()
+    finish()
