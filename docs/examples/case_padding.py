@@ -30,7 +30,8 @@ def main() -> None:
     args = parse_args(dataset_size=39, global_batch=8, steps=10)
     _, world = init_distributed()
     data = ecrl.WithSampleIds(Points(args.dataset_size, args.seed))
-    sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=False)
+    sampler: DistributedSampler[int] = DistributedSampler(data, shuffle=True, seed=args.seed,
+                                                          drop_last=False)
     loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler)
     steps_per_epoch = len(loader)  # ceil(D / W) / L: one more sample than D per epoch
     log = ecrl.StepLog(

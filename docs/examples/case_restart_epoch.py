@@ -30,7 +30,8 @@ def main() -> None:
     args = parse_args(dataset_size=40, global_batch=8, steps=15)
     _, world = init_distributed()
     data = ecrl.WithSampleIds(Points(args.dataset_size, args.seed))
-    sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
+    sampler: DistributedSampler[int] = DistributedSampler(data, shuffle=True, seed=args.seed,
+                                                          drop_last=True)
     loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
                         drop_last=True)
     steps_per_epoch = len(loader)

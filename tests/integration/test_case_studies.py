@@ -66,6 +66,15 @@ def verify(root: Path, *options: str) -> Verdict:
     return Verdict(exit_code=as_json.returncode, text=as_text.stdout, run=run)
 
 
+def world_sizes(verdict: Verdict, planned: int) -> list[int]:
+    """The world sizes of the lineage's first ``planned`` attempts. A later attempt can only be
+    a relaunch at the schedule's last size (a rank that died at exit after the final step, say):
+    the supervisor doing its job, not part of the finding."""
+    sizes = [a["world_size"] for a in verdict.run["lineage"]]
+    assert set(sizes[planned:]) <= set(sizes[planned - 1:planned])
+    return sizes[:planned]
+
+
 def record(root: Path, file: str, line: int) -> dict[str, Any]:
     """The step record a witness points at (``file`` relative to the run, 1-based ``line``)."""
     lines = (root / file).read_text().splitlines()
@@ -205,10 +214,11 @@ def test_padded_distributed_sampler_fails_with_the_padding_as_duplicates(padding
     _assert_duplicate_witnessed(padding.root, verdict)
     # What torch pads with: the epoch's order is extended by its own first indices.
     for epoch in (0, 1):
-        orders = []
+        orders: list[int] = []
         for rank in (0, 1):
-            sampler = DistributedSampler(range(39), num_replicas=2, rank=rank, shuffle=True,
-                                         seed=0, drop_last=False)
+            sampler: DistributedSampler[int] = DistributedSampler(
+                list(range(39)), num_replicas=2, rank=rank, shuffle=True, seed=0,  # type: ignore[arg-type]
+                drop_last=False)
             sampler.set_epoch(epoch)
             orders.extend(sampler)
         padded = sorted(i for i in set(orders) if orders.count(i) > 1)
@@ -296,7 +306,7 @@ def test_streaming_resumed_2_to_1_keeps_exactly_once_and_its_order(
     verdict = verify(streaming_resized.root)
     assert verdict.verdict == "PASS", verdict.text
     assert verdict.run["windows_checked"] is False
-    assert [a["world_size"] for a in verdict.run["lineage"]] == [2, 1]
+    assert world_sizes(verdict, 2) == [2, 1]
     assert verdict.run["checked"]["epochs"] == 2
     assert verdict.run["replay"]["compared"] >= 1  # step 6 ran at world size 2, then at 1
     # Elastic determinism: the same global window at every step as the run that stayed at 2.
@@ -313,7 +323,7 @@ def test_ecrl_sampler_passes_with_windows_checked_at_2_1_2(ecrl_sampler: Run) ->
     verdict = verify(ecrl_sampler.root)
     assert verdict.verdict == "PASS", verdict.text
     assert verdict.run["windows_checked"] is True
-    assert [a["world_size"] for a in verdict.run["lineage"]] == [2, 1, 2]
+    assert world_sizes(verdict, 3) == [2, 1, 2]
     assert verdict.run["checked"]["shards"] == verdict.run["checked"]["committed_records"] > 0
     assert "windows not checked" not in verdict.text
 
