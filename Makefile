@@ -11,10 +11,11 @@ PYTEST_WORKERS ?= auto
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/integration/requirements-streaming.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/integration/requirements-streaming.txt
 	@touch $(STAMP)
 
 demo: $(STAMP)
