@@ -103,6 +103,18 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
+def _read_back(obj: Any, loaded: Any) -> Any:
+    """The state ``obj`` holds after ``load_state_dict(loaded)``, for its digest.
+
+    A data loader's state is not read back: ``StatefulDataLoader.state_dict()`` before the first
+    batch builds the iterator, so its workers would prefetch with the sampler's epoch as it is
+    now, before the loop's ``set_epoch`` (the resumed pass would replay the wrong epoch). Its
+    digest is that of the state it was given; the sample-ID logs prove what it then yielded."""
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return loaded
+    return _unwrap(obj).state_dict()
+
+
 def _pick(env_value: Any, arg: Any, default: Any) -> Any:
     if env_value is not None:
         return env_value
@@ -319,7 +331,7 @@ class Checkpointer:
                 wanted = {**wanted, "state": {}}
             _unwrap(obj).load_state_dict(wanted)
             if self.rank == 0:  # the digest of the state as loaded, from the live object
-                loaded[key] = digests.live_digest(_unwrap(obj).state_dict())
+                loaded[key] = digests.live_digest(_read_back(obj, wanted))
         self._attest = (step, loaded, saved[RNG_KEY])
         nxt = step + 1
         for sampler in self.samplers:
