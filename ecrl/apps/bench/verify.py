@@ -31,7 +31,7 @@ from typing import Any
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
 from ecrl.apps.bench.sampler import _reset_peak, _rss_kib  # peak RSS of this process alone
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 GIB = 2**30
 SIZES = {False: (10**6, 10**7), True: (10**5,)}
 """Hash-only runs measured, by ``quick``."""
@@ -47,7 +47,10 @@ def _spec(records: int, *, log_ids: bool) -> dict[str, Any]:
     fails = tuple(steps * i // 5 for i in range(1, 5))
     return {"dataset_size": 10**6, "global_batch": 256, "target_steps": steps, "seed": 7,
             "world_sizes": (8, 64, 4, 16, 32), "fail_at": fails, "ckpt_every": 100,
-            "strategy": "overlapped", "log_ids": log_ids, "chaos": 11, "writer": "bulk"}
+            "strategy": "overlapped", "log_ids": log_ids, "chaos": 11, "writer": "bulk",
+            # Every check runs: state digests at each checkpoint and restored.json per resume,
+            # losses on every record (the replay windows are compared).
+            "digests": True}
 
 
 def _cached_run(records: int, *, log_ids: bool, progress: Progress) -> tuple[Path, dict[str, Any]]:
@@ -248,7 +251,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     notes += [
         f"generated runs: D = {spec['dataset_size']:,}, B = {spec['global_batch']}, world sizes "
         f"{'→'.join(map(str, spec['world_sizes']))} (4 failures, overlapped checkpoints every "
-        f"{spec['ckpt_every']} steps); about 10 sample IDs recomputed per record (B / W)",
+        f"{spec['ckpt_every']} steps, state digests and restored.json per resume, a loss per record "
+        "so the replayed steps are compared); about 10 sample IDs recomputed per record (B / W)",
         "both candidates single-threaded, page cache warm, each in a fresh child process, "
         "alternating; times are the best of several runs (raw parse: the faster of a per-line "
         "loop and a map), peak memory the highest",
