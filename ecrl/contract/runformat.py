@@ -184,15 +184,24 @@ class _Record:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
-        for f in fields(self):
-            if f.name == "extra":
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            if value is None and name in self._OPTIONAL:
                 continue
-            value = getattr(self, f.name)
-            if value is None and f.name in self._OPTIONAL:
-                continue
-            out[f.name] = value
+            out[name] = value
         out.update(self.extra)
         return out
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A record's fields but ``extra``, in order (``to_dict`` runs once per logged step)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls) if f.name != "extra")
+    return names
 
 
 def _spec(**items: Check | tuple[Check, str]) -> dict[str, tuple[Check, str]]:

@@ -411,9 +411,10 @@ class SamplerState:
         """IDs this state's step gives ``rank`` of ``world_size``."""
         return shard(self.geometry, self.seed, self.global_step, rank, world_size)
 
-    def iter_shards(self, rank: int, world_size: int, *, ahead: int = 64
-                    ) -> Iterator[tuple[int, IdArray]]:
-        """``(global_step, shard)`` from this state on, forever.
+    def iter_shard_blocks(self, rank: int, world_size: int, *, ahead: int = 64
+                          ) -> Iterator[tuple[int, IdArray]]:
+        """``(first_global_step, block)`` from this state on, forever: row ``i`` of ``block`` is
+        the shard of step ``first_global_step + i``; a block never crosses an epoch.
 
         Shards are computed ``ahead`` steps at a time in one vectorised call: per-call numpy
         overhead, not arithmetic, dominates a single 1,000-ID shard.
@@ -430,10 +431,15 @@ class SamplerState:
                       * np.uint64(geometry.global_batch) + np.uint64(r * local))
             perm = epoch_permutation(dataset_size=geometry.dataset_size, seed=self.seed,
                                      epoch=epoch)
-            ids = perm(starts[:, None] + offsets[None, :])
-            for i in range(n):
-                yield step + i, ids[i]
+            yield step, perm(starts[:, None] + offsets[None, :])
             step += n
+
+    def iter_shards(self, rank: int, world_size: int, *, ahead: int = 64
+                    ) -> Iterator[tuple[int, IdArray]]:
+        """``(global_step, shard)`` from this state on, forever (:meth:`iter_shard_blocks`)."""
+        for first, block in self.iter_shard_blocks(rank, world_size, ahead=ahead):
+            for i in range(block.shape[0]):
+                yield first + i, block[i]
 
     def to_dict(self) -> dict[str, Any]:
         return {

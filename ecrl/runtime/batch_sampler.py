@@ -34,7 +34,12 @@ from ecrl.runtime.sampler import check_state
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
 
 
-_ISSUED_LIMIT = 4096
+_BLOCK_IDS = 1 << 14
+"""IDs computed per vectorised call when iterating (numpy's per-call overhead amortised)."""
+
+_ISSUED_IDS = 1 << 20
+"""IDs remembered at most from shards handed out and not yet logged (a loop without a step log
+never collects them; a prefetching loader holds a few dozen shards)."""
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -60,8 +65,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = False
         self._pending: str | None = None
         self._on_start: Callable[[], None] | None = None
-        self._issued: dict[int, tuple[int, int]] = {}
-        """(count, hash) of the shards handed out and not yet logged (see :meth:`expected`)."""
+        self._issued: dict[int, tuple[list[int], int]] = {}
+        """(IDs, hash) of the shards handed out and not yet logged (see :meth:`take_issued`)."""
 
     # --- geometry --------------------------------------------------------------------------------
 
@@ -102,20 +107,34 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 "data loader, or the run would restart its data order"
             )
         rank, world = self.rank, self.world_size
-        self.geometry.local_batch(world)
+        local = self.geometry.local_batch(world)
         if self._on_start is not None:
             start, self._on_start = self._on_start, None
             start()
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
-        for step, ids in state.iter_shards(rank, world):
-            if self.steps is not None and step >= self.steps:
+        limit = max(64, _ISSUED_IDS // local)
+        issued = self._issued
+        # A block of steps at a time: the shards' hashes and Python lists in one call each (per
+        # batch, numpy's call overhead would cost more than the arithmetic).
+        for first, block in state.iter_shard_blocks(rank, world,
+                                                    ahead=max(64, _BLOCK_IDS // local)):
+            rows = block.tolist()
+            hashes = semantics.ids_hashes(block).tolist()
+            if self.steps is not None and first + len(rows) > self.steps:
+                del rows[max(0, self.steps - first):]
+            # rows may be cut at the last step; hashes keeps the block's full length.
+            for step, ids, digest in zip(range(first, first + len(rows)), rows, hashes,
+                                         strict=False):
+                if not self._tracked:
+                    self._next = step + 1
+                if len(issued) >= limit:
+                    del issued[next(iter(issued))]
+                issued[step] = (ids, digest)
+                # The caller gets the list it is handed; the sampler's own copy is never
+                # mutated by a DataLoader, and StepLog compares against it.
+                yield ids
+            if self.steps is not None and first + len(rows) >= self.steps:
                 return
-            if not self._tracked:
-                self._next = step + 1
-            if len(self._issued) >= _ISSUED_LIMIT:
-                self._issued.pop(next(iter(self._issued)))
-            self._issued[step] = (int(ids.size), semantics.ids_hash(ids))
-            yield ids.tolist()
 
     def __len__(self) -> int:
         """Batches left until ``steps`` (needs ``steps``)."""
@@ -139,12 +158,13 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = True
         self._next = int(step) + 1
 
+    def take_issued(self, step: int) -> tuple[list[int], int] | None:
+        """(IDs, multiset hash) of this rank's shard of ``step`` as this sampler handed it out,
+        forgotten once taken; None if it was not handed out (or long ago)."""
+        return self._issued.pop(step, None)
+
     def expected(self, step: int) -> tuple[int, int]:
-        """(count, multiset hash) of this rank's shard of ``step``: remembered from iteration
-        when this sampler handed it out, else computed."""
-        found = self._issued.pop(step, None)
-        if found is not None:
-            return found
+        """(count, multiset hash) of this rank's shard of ``step``, computed."""
         ids = self.shard_of(step)
         return int(ids.size), semantics.ids_hash(ids)
 

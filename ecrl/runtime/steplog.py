@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -50,14 +50,28 @@ from ecrl.runtime.batch_sampler import GlobalBatchSampler
 __all__ = ["StepLog"]
 
 
-def _as_ids(sample_ids: Any) -> np.ndarray:
-    if hasattr(sample_ids, "detach"):  # a tensor, possibly on a GPU
-        sample_ids = sample_ids.detach().cpu().numpy()
+def _as_id_list(sample_ids: Any) -> list[int]:
+    """The IDs a batch carried (a tensor, possibly on a GPU, an array or a list) as Python ints."""
+    if hasattr(sample_ids, "detach"):
+        if sample_ids.is_floating_point() or sample_ids.is_complex() \
+                or sample_ids.dtype == _torch_bool():
+            _not_integers(sample_ids.dtype)
+        return sample_ids.detach().reshape(-1).tolist()
     ids = np.asarray(sample_ids)
     if ids.dtype.kind not in "iu":
-        raise SemanticsError(f"sample_ids must be integers, got dtype {ids.dtype}: pass the IDs "
-                             "the batch carried (ecrl.WithSampleIds)")
-    return ids.reshape(-1).astype(np.int64, copy=False)
+        _not_integers(ids.dtype)
+    return ids.reshape(-1).astype(np.int64, copy=False).tolist()
+
+
+def _torch_bool() -> Any:
+    import torch  # loaded already: a tensor was passed
+
+    return torch.bool
+
+
+def _not_integers(dtype: Any) -> NoReturn:
+    raise SemanticsError(f"sample_ids must be integers, got dtype {dtype}: pass the IDs "
+                         "the batch carried (ecrl.WithSampleIds)")
 
 
 def _as_loss(loss: Any) -> float | None:
@@ -222,8 +236,14 @@ class StepLog:
             raise SemanticsError(
                 f"step {step} logged {how} (rank {self.rank}, attempt {self.attempt}): call "
                 "log.step once per step, with increasing global steps")
-        ids = _as_ids(sample_ids)
-        digest = semantics.ids_hash(ids)
+        ids = _as_id_list(sample_ids)
+        issued = self.sampler.take_issued(step) if self.sampler is not None else None
+        if issued is not None and issued[0] == ids:
+            # The batch holds what the sampler handed out for this step, whose hash it computed
+            # with its block (hashing 30-odd IDs here would cost more than the rest of the call).
+            digest = issued[1]
+        else:
+            digest = semantics.ids_hash(np.asarray(ids, dtype=np.int64))
         if self.sampler is not None:
             e, c = self.geometry.locate(step)
             if (epoch is not None and epoch != e) or (cursor_step is not None and cursor_step != c):
@@ -232,7 +252,11 @@ class StepLog:
                     f"({epoch}, {cursor_step}): leave epoch/cursor_step out with "
                     "GlobalBatchSampler")
             epoch, cursor_step = e, c
-            if self.check_ids and self.sampler.expected(step) != (int(ids.size), digest):
+            if issued is not None:
+                expected = (len(issued[0]), issued[1])
+            elif self.check_ids:
+                expected = self.sampler.expected(step)
+            if self.check_ids and expected != (len(ids), digest):  # as multisets: order aside
                 raise SemanticsError(
                     f"the batch logged as step {step} (rank {self.rank}) does not hold the IDs "
                     "the sampler scheduled for that step: the loop's step counter and the data "
@@ -251,10 +275,10 @@ class StepLog:
         self._writer.write(StepRecord(
             attempt=self.attempt, global_step=step, epoch=int(epoch),
             cursor_step=int(cursor_step), rank=self.rank, world_size=self.world_size,
-            local_batch=self.local_batch or max(1, int(ids.size)), sample_ids_count=int(ids.size),
+            local_batch=self.local_batch or max(1, len(ids)), sample_ids_count=len(ids),
             sample_ids_hash=semantics.format_hash(digest),
             loss=_as_loss(loss), time=time.time(),
-            sample_ids=ids.tolist() if self.log_ids else None, extra=extra))
+            sample_ids=ids if self.log_ids else None, extra=extra))
         self._last = step
         if self.sampler is not None:
             self.sampler.step_done(step)

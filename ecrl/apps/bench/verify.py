@@ -251,8 +251,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     notes += [
         f"generated runs: D = {spec['dataset_size']:,}, B = {spec['global_batch']}, world sizes "
         f"{'→'.join(map(str, spec['world_sizes']))} (4 failures, overlapped checkpoints every "
-        f"{spec['ckpt_every']} steps, state digests and restored.json per resume, a loss per record "
-        "so the replayed steps are compared); about 10 sample IDs recomputed per record (B / W)",
+        f"{spec['ckpt_every']} steps, state digests and restored.json per resume, a loss per "
+        "record so the replayed steps are compared); about 10 sample IDs recomputed per record "
+        "(B / W)",
         "both candidates single-threaded, page cache warm, each in a fresh child process, "
         "alternating; times are the best of several runs (raw parse: the faster of a per-line "
         "loop and a map), peak memory the highest",
