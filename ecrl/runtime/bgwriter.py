@@ -237,8 +237,11 @@ class WriterClient:
         self.pending[job] = _Pending(job=job, slot=slot, global_step=global_step)
         return job
 
-    def send_timing(self, job: int, *, enqueue_s: float, stall_s: float) -> None:
-        self._send({"op": "timing", "job": job, "enqueue_s": enqueue_s, "stall_s": stall_s})
+    def send_timing(self, job: int, *, enqueue_s: float, stall_s: float,
+                    extra: dict[str, Any] | None = None) -> None:
+        """The job's timing, known after the boundary; ``extra`` joins its checkpoint event."""
+        self._send({"op": "timing", "job": job, "enqueue_s": enqueue_s, "stall_s": stall_s,
+                    "extra": extra or {}})
 
     @property
     def inflight(self) -> int:
@@ -316,7 +319,7 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
                 enqueue_s=timing["enqueue_s"], backpressure_s=msg["backpressure_s"],
                 stall_s=timing["stall_s"], bytes=written.bytes, path=written.path,
                 extra={"queue_s": started - received, "attempt": attempt,
-                       "digest_s": digest_s, "digests": digests},
+                       "digest_s": digest_s, "digests": digests, **timing.get("extra", {})},
             ))
 
         try:

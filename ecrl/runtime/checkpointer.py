@@ -242,7 +242,9 @@ class Checkpointer:
             geometry=self.geometry or Geometry(dataset_size=1, global_batch=1),
             target_steps=self.target if self.target is not None else 2**62,
             every=self.every, keep=self.keep, max_inflight=self.max_inflight,
-            capture=self._capture, meta=self._meta)
+            capture=self._capture, meta=self._meta,
+            optimizers=tuple(o for o in self.state.values()
+                             if isinstance(o, torch.optim.Optimizer)))
 
     def _build_strategy(self) -> Strategy:
         if self._strategy is None:
@@ -427,6 +429,7 @@ class Checkpointer:
         now = time.perf_counter()
         if self._deadline is not None:
             self._deadline.step_done(now)
+        strategy.settle()
         if strategy.due(step):
             strategy.checkpoint(step)
             took = time.perf_counter() - now

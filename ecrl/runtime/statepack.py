@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "EncodedState",
     "encode",
     "snapshot_into",
+    "snapshot_tensors",
     "decode",
     "rebuild",
     "rng_state",
@@ -101,9 +102,17 @@ def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
 
 def snapshot_into(state: EncodedState, image: memoryview) -> None:
     """Copy the header and every tensor of ``state`` into ``image`` (at least layout.size)."""
+    encode_prefix(state.layout, image)
+    snapshot_tensors(state, image, range(len(state.tensors)))
+
+
+def snapshot_tensors(state: EncodedState, image: memoryview, indices: Iterable[int]) -> None:
+    """Copy the tensors ``indices`` of ``state`` to their places in ``image`` (the header is
+    :func:`ecrl.contract.ckptfile.encode_prefix`'s; :mod:`ecrl.runtime.pipeline` copies the
+    tensors in two parts)."""
     layout = state.layout
-    encode_prefix(layout, image)
-    for tensor, entry in zip(state.tensors, state.entries, strict=True):
+    for index in indices:
+        tensor, entry = state.tensors[index], state.entries[index]
         nbytes = int(entry["nbytes"])
         if not nbytes:
             continue

@@ -9,7 +9,11 @@ writer:
 - ``overlapped``: gather → rank 0 waits for a free slot if ``max_inflight`` writes are pending
   (back-pressure) → snapshots into the slot → hands the job to the background writer process
   (:mod:`ecrl.runtime.bgwriter`) → barrier. Training stalls only for the copy; the writer hashes,
-  writes, fsyncs and publishes ``latest.json`` while the next steps run.
+  writes, fsyncs and publishes ``latest.json`` while the next steps run. When the checkpointed
+  state holds an optimizer, the copy itself is pipelined (:mod:`ecrl.runtime.pipeline`): the
+  boundary copies the header, buffers and small objects, a thread copies the parameters and the
+  optimizer state under the next forward and backward pass, and the next ``optimizer.step()``
+  waits for it; the job goes to the writer once that copy is complete and proven exact.
 
 A checkpoint "at step c" captures the state after step c's update, and is due after every K-th
 step (``(c + 1) % K == 0``), except the run's last step, which ends the run instead.
@@ -26,7 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
+from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, encode_prefix
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
 from ecrl.runtime import registry, statepack
@@ -34,6 +38,7 @@ from ecrl.runtime.bgwriter import WriterClient
 from ecrl.runtime.digests import image_digests
 from ecrl.runtime.failure import disk_error
 from ecrl.runtime.persist import CrashHook, checkpoint_name, commit_checkpoint
+from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, split_deferred, tensor_path, warn
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
            "OverlappedCheckpoints", "make_strategy"]
@@ -59,6 +64,9 @@ class CheckpointContext:
     capture: Capture
     meta: Callable[[int], dict[str, Any]]
     """Header metadata of the checkpoint at a step."""
+    optimizers: tuple[Any, ...] = ()
+    """The optimizers among the checkpointed objects (``overlapped`` pipelines its copy of the
+    tensors only they write to: :mod:`ecrl.runtime.pipeline`)."""
 
 
 def _gather_rng(ctx: CheckpointContext) -> list[dict[str, Any]]:
@@ -98,6 +106,10 @@ class Strategy:
 
     def checkpoint(self, step: int) -> None:
         raise NotImplementedError
+
+    def settle(self) -> None:
+        """Called at every step boundary before :meth:`due`: finish work a checkpoint left for
+        later (``overlapped``'s pipelined copy when no optimizer step has completed it)."""
 
     def close(self) -> None:
         """Make every checkpoint taken so far durable (end of the attempt)."""
@@ -198,37 +210,97 @@ class OverlappedCheckpoints(Strategy):
         self._client = WriterClient.start(
             run_dir=str(ctx.paths.root), attempt=ctx.attempt, keep=ctx.keep,
             max_inflight=ctx.max_inflight) if ctx.rank == 0 else None
+        # Only rank 0 copies the state; an optimizer is what makes deferring a copy safe.
+        self._pipeline = SnapshotPipeline(ctx.optimizers, on_ready=self._hand_on,
+                                          on_torn=self._drop) \
+            if self._client is not None and ctx.optimizers else None
+        self._synchronous = False
+        """Set once a pipelined checkpoint was dropped: later copies are all synchronous."""
 
     def prepare(self) -> None:
         if self._client is not None:
             self._client.prepare(self._size_hint())
 
+    def settle(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.settle()
+
     def checkpoint(self, step: int) -> None:
         ctx = self.ctx
+        self.settle()  # a pipelined copy no optimizer step completed yet goes first
         t0 = time.perf_counter()
         rngs = _gather_rng(ctx)
         job = None
+        deferred: Deferred | None = None
         if self._client is not None:
             t1 = time.perf_counter()
             state = self._encode(step, rngs)
             encode_s = time.perf_counter() - t1
             slot, backpressure_s = self._client.acquire(state.layout.size)
             t2 = time.perf_counter()
-            statepack.snapshot_into(state, slot.view())
-            snapshot_s = encode_s + time.perf_counter() - t2
-            epoch, cursor = ctx.geometry.locate(step)
-            t2 = time.perf_counter()
-            job = self._client.submit(
-                slot, size=state.layout.size, global_step=step, epoch=epoch, cursor_step=cursor,
-                world_size=ctx.world_size, snapshot_s=snapshot_s, backpressure_s=backpressure_s)
-            enqueue_s = time.perf_counter() - t2
+            later: list[int] = []
+            if self._pipeline is not None and not self._synchronous:
+                now, later = split_deferred(state, self._pipeline.storages())
+            if later:
+                assert self._pipeline is not None
+                image = slot.view()
+                encode_prefix(state.layout, image)
+                statepack.snapshot_tensors(state, image, now)
+                deferred = self._pipeline.start(step, state, image, later, context={
+                    "slot": slot, "snapshot_s": encode_s + time.perf_counter() - t2,
+                    "backpressure_s": backpressure_s})
+            else:
+                statepack.snapshot_into(state, slot.view())
+                snapshot_s = encode_s + time.perf_counter() - t2
+                epoch, cursor = ctx.geometry.locate(step)
+                t2 = time.perf_counter()
+                job = self._client.submit(
+                    slot, size=state.layout.size, global_step=step, epoch=epoch,
+                    cursor_step=cursor, world_size=ctx.world_size, snapshot_s=snapshot_s,
+                    backpressure_s=backpressure_s)
+                enqueue_s = time.perf_counter() - t2
         _barrier(ctx)
-        if self._client is not None and job is not None:
+        if deferred is not None:
+            deferred.boundary_s = time.perf_counter() - t0
+        elif self._client is not None and job is not None:
             self._client.send_timing(job, enqueue_s=enqueue_s, stall_s=time.perf_counter() - t0)
 
+    def _hand_on(self, deferred: Deferred, wait_s: float) -> None:
+        """The pipelined copy is complete and exact: the writer may have it (training thread)."""
+        assert self._client is not None
+        info = deferred.context
+        copy_s = deferred.future.result()
+        epoch, cursor = self.ctx.geometry.locate(deferred.step)
+        t0 = time.perf_counter()
+        job = self._client.submit(
+            info["slot"], size=deferred.state.layout.size, global_step=deferred.step,
+            epoch=epoch, cursor_step=cursor, world_size=self.ctx.world_size,
+            snapshot_s=info["snapshot_s"] + copy_s, backpressure_s=info["backpressure_s"])
+        enqueue_s = time.perf_counter() - t0
+        # The stall is what the training thread spent blocked: the boundary, and the wait of
+        # the next update for the background copy; the copy itself overlapped compute.
+        self._client.send_timing(
+            job, enqueue_s=enqueue_s, stall_s=deferred.boundary_s + wait_s + enqueue_s,
+            extra={"pipelined": True, "boundary_s": deferred.boundary_s, "wait_s": wait_s,
+                   "copy_s": copy_s, "deferred_bytes": deferred.nbytes})
+
+    def _drop(self, deferred: Deferred, changed: list[int]) -> None:
+        """Something wrote to a deferred tensor before its copy was complete: the image may mix
+        two states, so it is never handed to the writer (its slot stays free)."""
+        self._synchronous = True
+        where = tensor_path(deferred.state.tree, changed[0])
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        warn(f"checkpoint of step {deferred.step} dropped: {where}{more} was modified in place "
+             "before the next optimizer step (after the step boundary, while it was being "
+             "copied); later checkpoints of this attempt copy the state synchronously")
+
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        try:
+            if self._pipeline is not None:
+                self._pipeline.close()
+        finally:
+            if self._client is not None:
+                self._client.close()
 
 
 def make_strategy(name: str, ctx: CheckpointContext) -> Strategy:

@@ -1,0 +1,215 @@
+"""Pipelined snapshots: the bulk of a checkpoint image is copied under the next step's compute.
+
+At a step boundary the only state the next forward and backward pass may change in place is the
+model's buffers (BatchNorm's running statistics and counters), the RNG streams and small Python
+objects (scheduler, sampler). Parameters and optimizer state change only in the next
+``optimizer.step()``. So (CheckFreq's idea, seed ``002_…``'s survey) the boundary copies the
+header and every other tensor into the image synchronously and hands the optimizer-driven tensors
+to a background thread, which copies them while the next step's forward and backward run
+(``Tensor.copy_`` releases the GIL). An optimizer step pre-hook on every optimizer of the
+checkpointed state blocks the next update until the copy is complete.
+
+Exactness guard: each deferred tensor's version counter (``Tensor._version``, bumped by every
+in-place operation on the tensor or a view of it) is recorded at the boundary and compared once
+the copy is complete, before the update. An unchanged counter means nothing wrote to the tensor
+since the boundary, so the bytes copied are the boundary's. A changed counter (a user's clamp, an
+EMA or a second optimizer wrote to it before the copy finished) means the copy may hold a mix of
+two states: that checkpoint is dropped (never handed to the writer) with a one-line warning, and
+the owner takes a synchronous checkpoint at the next boundary instead. Writes through ``.data``
+or ``set_`` bypass version counters (torch gives ``.data`` a counter of its own): such writes
+between a boundary and the next ``optimizer.step()`` are not detected, which ``docs/strategies.md``
+says.
+
+Tensors on a CUDA device are copied on a side stream that first waits for the work queued on the
+training stream at the boundary (an event), so the copy sees the completed update.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ecrl.runtime import statepack
+
+__all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred", "tensor_path",
+           "warn"]
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    return (tensor.device.type, tensor.untyped_storage().data_ptr())
+
+
+def optimizer_storages(optimizers: Iterable[torch.optim.Optimizer]) -> set[tuple[str, int]]:
+    """The storages only an optimizer step writes to: its parameters and its per-parameter
+    state (momentum, Adam's moments and step counts)."""
+    keys: set[tuple[str, int]] = set()
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                keys.add(_storage_key(param))
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    keys.add(_storage_key(value))
+    return keys
+
+
+def split_deferred(state: statepack.EncodedState,
+                   storages: set[tuple[str, int]]) -> tuple[list[int], list[int]]:
+    """Indices of ``state``'s tensors to copy now and those whose copy may be deferred."""
+    now: list[int] = []
+    later: list[int] = []
+    for index, tensor in enumerate(state.tensors):
+        deferrable = isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and \
+            _storage_key(tensor) in storages
+        (later if deferrable else now).append(index)
+    return now, later
+
+
+def _copy_deferred(state: statepack.EncodedState, indices: Sequence[int], image: memoryview,
+                   stream: Any, ready: Any) -> float:
+    """Copy the deferred tensors into the image (the background thread); returns its seconds."""
+    t0 = time.perf_counter()
+    if stream is None:
+        statepack.snapshot_tensors(state, image, indices)
+    else:
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            statepack.snapshot_tensors(state, image, indices)
+        stream.synchronize()
+    return time.perf_counter() - t0
+
+
+@dataclass(slots=True)
+class Deferred:
+    """A checkpoint whose image is being completed in the background."""
+
+    step: int
+    state: statepack.EncodedState
+    indices: list[int]
+    versions: list[int]
+    future: Future[float]
+    boundary_s: float = 0.0
+    """Training-thread seconds of the boundary (set by the owner once its barrier returned)."""
+    context: dict[str, Any] = field(default_factory=dict)
+    """Whatever the owner needs to hand the finished image on (slot, timings)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(self.state.entries[i]["nbytes"]) for i in self.indices)
+
+
+class SnapshotPipeline:
+    """Defers the copy of optimizer-driven tensors to a background thread, one checkpoint at a
+    time; :meth:`settle` (also run by an optimizer step pre-hook) completes it.
+
+    ``on_ready(deferred, wait_s)`` is called on the training thread with a checkpoint whose copy
+    is complete and exact; ``on_torn(deferred, names)`` with one that must be dropped."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], *,
+                 on_ready: Callable[[Deferred, float], None],
+                 on_torn: Callable[[Deferred, list[int]], None]) -> None:
+        self._optimizers = list(optimizers)
+        self._on_ready = on_ready
+        self._on_torn = on_torn
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-snapshot")
+        self._pending: Deferred | None = None
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self._handles = [o.register_step_pre_hook(self._before_update) for o in self._optimizers]
+
+    @property
+    def usable(self) -> bool:
+        """Only a state with an optimizer in it has tensors whose copy can wait."""
+        return bool(self._optimizers)
+
+    @property
+    def pending(self) -> Deferred | None:
+        return self._pending
+
+    def storages(self) -> set[tuple[str, int]]:
+        return optimizer_storages(self._optimizers)
+
+    def start(self, step: int, state: statepack.EncodedState, image: memoryview,
+              indices: list[int], context: dict[str, Any]) -> Deferred:
+        """Begin copying ``indices`` of ``state`` into ``image``; the rest is already there."""
+        assert self._pending is None, "settle() the previous checkpoint first"
+        versions = [int(state.tensors[i]._version) for i in indices]  # type: ignore[union-attr]
+        stream = ready = None
+        if any(getattr(state.tensors[i], "is_cuda", False) for i in indices):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            stream = self._stream
+            ready = torch.cuda.Event()
+            ready.record()  # the training stream's work up to the boundary (the update)
+        future = self._pool.submit(_copy_deferred, state, indices, image, stream, ready)
+        deferred = Deferred(step=step, state=state, indices=indices, versions=versions,
+                            future=future, context=context)
+        self._pending = deferred
+        return deferred
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.settle()
+
+    def settle(self) -> None:
+        """Wait for the pending copy, check it, and hand it on (or drop it). Training thread."""
+        with self._lock:
+            deferred, self._pending = self._pending, None
+        if deferred is None:
+            return
+        t0 = time.perf_counter()
+        deferred.future.result()  # a failed copy is raised here, on the training thread
+        wait_s = time.perf_counter() - t0
+        changed = [i for i, v in zip(deferred.indices, deferred.versions, strict=True)
+                   if int(deferred.state.tensors[i]._version) != v]  # type: ignore[union-attr]
+        if changed:
+            self._on_torn(deferred, changed)
+        else:
+            self._on_ready(deferred, wait_s)
+
+    def close(self) -> None:
+        try:
+            self.settle()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            self._pool.shutdown(wait=True)
+
+
+def warn(line: str) -> None:
+    print(f"ecrl: warning: {line}", file=sys.stderr, flush=True)
+
+
+def tensor_path(tree: Any, index: int) -> str:
+    """Where tensor ``index`` sits in an encoded tree (``model.layer1.weight``), for messages."""
+    found: list[str] = []
+
+    def walk(value: Any, where: str) -> bool:
+        if isinstance(value, dict):
+            if len(value) == 1:
+                (tag, inner), = value.items()
+                if tag in ("$tensor", "$ndarray"):
+                    if inner == index:
+                        found.append(where)
+                        return True
+                    return False
+                if tag in ("$tuple",):
+                    return any(walk(v, f"{where}[{i}]") for i, v in enumerate(inner))
+                if tag == "$dict":
+                    return any(walk(v, f"{where}[{k!r}]") for k, v in inner)
+            return any(walk(v, f"{where}.{k}" if where else str(k)) for k, v in value.items())
+        if isinstance(value, list):
+            return any(walk(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return False
+
+    walk(tree, "")
+    return found[0] if found else f"tensor {index}"
+
