@@ -275,7 +275,9 @@ class OverlappedCheckpoints(Strategy):
         job = self._client.submit(
             info["slot"], size=deferred.state.layout.size, global_step=deferred.step,
             epoch=epoch, cursor_step=cursor, world_size=self.ctx.world_size,
-            snapshot_s=info["snapshot_s"] + copy_s, backpressure_s=info["backpressure_s"])
+            # The copy's share of the stall (snapshot_s <= stall_s, as for every strategy): the
+            # boundary's part and the update's wait; copy_s has the background copy's seconds.
+            snapshot_s=info["snapshot_s"] + wait_s, backpressure_s=info["backpressure_s"])
         enqueue_s = time.perf_counter() - t0
         # The stall is what the training thread spent blocked: the boundary, and the wait of
         # the next update for the background copy; the copy itself overlapped compute.

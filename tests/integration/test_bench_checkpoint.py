@@ -30,6 +30,13 @@ def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
     sharded = [row for row in report["rows"] if row["candidate"].startswith("sharded")]
     assert sorted((row["candidate"], row["metric"].split(":")[0]) for row in sharded) == [
         ("sharded", "tiny-cnn, 1 rank"), ("sharded", "tiny-cnn, 2 ranks"),
+        ("sharded", "tiny-cnn, 2 ranks"),
         ("sharded-async", "tiny-cnn, 1 rank"), ("sharded-async", "tiny-cnn, 2 ranks")]
+    # at 2 ranks: the write until durable, publication excluded, beside rank 0's whole file
+    write, = [row for row in sharded if "until durable" in row["metric"]]
+    assert write["alternative"] == "blocking" and "2 ranks wrote parts" in write["note"]
+    # the overlapped stall row says how its (pipelined) stall splits
+    stall, = [row for row in report["rows"] if row["candidate"] == "overlapped"]
+    assert "pipelined 3/3: boundary" in stall["note"]
     text = doc.read_text()
     assert "old" not in text and "tiny-cnn" in text and text.count("bench:checkpoint:start") == 1
