@@ -38,11 +38,12 @@ import torch
 
 from ecrl.runtime import statepack
 
-__all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred", "tensor_path",
-           "warn"]
+__all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred", "storage_key",
+           "tensor_path", "warn"]
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+def storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    """Identifies a tensor's storage (views and ``detach()``-ed copies share it)."""
     return (tensor.device.type, tensor.untyped_storage().data_ptr())
 
 
@@ -53,11 +54,11 @@ def optimizer_storages(optimizers: Iterable[torch.optim.Optimizer]) -> set[tuple
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             for param in group["params"]:
-                keys.add(_storage_key(param))
+                keys.add(storage_key(param))
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    keys.add(_storage_key(value))
+                    keys.add(storage_key(value))
     return keys
 
 
@@ -68,42 +69,42 @@ def split_deferred(state: statepack.EncodedState,
     later: list[int] = []
     for index, tensor in enumerate(state.tensors):
         deferrable = isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and \
-            _storage_key(tensor) in storages
+            storage_key(tensor) in storages
         (later if deferrable else now).append(index)
     return now, later
 
 
-def _copy_deferred(state: statepack.EncodedState, indices: Sequence[int], image: memoryview,
-                   stream: Any, ready: Any) -> float:
-    """Copy the deferred tensors into the image (the background thread); returns its seconds."""
+def _copy_deferred(copy: Callable[[], None], stream: Any, ready: Any) -> float:
+    """Run the deferred copy (the background thread); returns its seconds."""
     t0 = time.perf_counter()
     if stream is None:
-        statepack.snapshot_tensors(state, image, indices)
+        copy()
     else:
         with torch.cuda.stream(stream):
             stream.wait_event(ready)
-            statepack.snapshot_tensors(state, image, indices)
+            copy()
         stream.synchronize()
     return time.perf_counter() - t0
 
 
 @dataclass(slots=True)
 class Deferred:
-    """A checkpoint whose image is being completed in the background."""
+    """A checkpoint whose copy is being completed in the background."""
 
     step: int
-    state: statepack.EncodedState
-    indices: list[int]
+    sources: list[torch.Tensor]
+    """The deferred tensors (live: parameters, optimizer state)."""
     versions: list[int]
+    """Their version counters at the boundary."""
     future: Future[float]
     boundary_s: float = 0.0
-    """Training-thread seconds of the boundary (set by the owner once its barrier returned)."""
+    """Training-thread seconds of the boundary (set by the owner once its boundary ended)."""
     context: dict[str, Any] = field(default_factory=dict)
-    """Whatever the owner needs to hand the finished image on (slot, timings)."""
+    """Whatever the owner needs to hand the finished copy on (slot, timings, names)."""
 
     @property
     def nbytes(self) -> int:
-        return sum(int(self.state.entries[i]["nbytes"]) for i in self.indices)
+        return sum(t.numel() * t.element_size() for t in self.sources)
 
 
 class SnapshotPipeline:
@@ -111,7 +112,8 @@ class SnapshotPipeline:
     time; :meth:`settle` (also run by an optimizer step pre-hook) completes it.
 
     ``on_ready(deferred, wait_s)`` is called on the training thread with a checkpoint whose copy
-    is complete and exact; ``on_torn(deferred, names)`` with one that must be dropped."""
+    is complete and exact; ``on_torn(deferred, changed)`` with one that must be dropped
+    (``changed``: positions in ``deferred.sources`` written to since the boundary)."""
 
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer], *,
                  on_ready: Callable[[Deferred, float], None],
@@ -137,21 +139,22 @@ class SnapshotPipeline:
     def storages(self) -> set[tuple[str, int]]:
         return optimizer_storages(self._optimizers)
 
-    def start(self, step: int, state: statepack.EncodedState, image: memoryview,
-              indices: list[int], context: dict[str, Any]) -> Deferred:
-        """Begin copying ``indices`` of ``state`` into ``image``; the rest is already there."""
+    def start(self, step: int, sources: Sequence[torch.Tensor], copy: Callable[[], None],
+              context: dict[str, Any]) -> Deferred:
+        """Run ``copy`` (which copies ``sources`` somewhere) on the background thread; the
+        owner has copied everything else already."""
         assert self._pending is None, "settle() the previous checkpoint first"
-        versions = [int(state.tensors[i]._version) for i in indices]  # type: ignore[union-attr]
+        versions = [int(t._version) for t in sources]
         stream = ready = None
-        if any(getattr(state.tensors[i], "is_cuda", False) for i in indices):
+        if any(t.is_cuda for t in sources):
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
             stream = self._stream
             ready = torch.cuda.Event()
             ready.record()  # the training stream's work up to the boundary (the update)
-        future = self._pool.submit(_copy_deferred, state, indices, image, stream, ready)
-        deferred = Deferred(step=step, state=state, indices=indices, versions=versions,
-                            future=future, context=context)
+        future = self._pool.submit(_copy_deferred, copy, stream, ready)
+        deferred = Deferred(step=step, sources=list(sources), versions=versions, future=future,
+                            context=context)
         self._pending = deferred
         return deferred
 
@@ -167,8 +170,8 @@ class SnapshotPipeline:
         t0 = time.perf_counter()
         deferred.future.result()  # a failed copy is raised here, on the training thread
         wait_s = time.perf_counter() - t0
-        changed = [i for i, v in zip(deferred.indices, deferred.versions, strict=True)
-                   if int(deferred.state.tensors[i]._version) != v]  # type: ignore[union-attr]
+        changed = [i for i, (t, v) in enumerate(zip(deferred.sources, deferred.versions,
+                                                    strict=True)) if int(t._version) != v]
         if changed:
             self._on_torn(deferred, changed)
         else:

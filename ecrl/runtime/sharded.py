@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -78,6 +79,7 @@ from ecrl.contract.shardfile import (
 )
 from ecrl.runtime import statepack
 from ecrl.runtime.persist import CRASH_EXIT_CODE, DISK_FULL_POINT, CrashHook, apply_retention
+from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, storage_key, warn
 from ecrl.runtime.strategies import CheckpointContext, Strategy
 
 __all__ = ["CRASH_RANK_ENV", "ShardedSaveFailed", "ShardedCheckpoints",
@@ -233,6 +235,12 @@ def _disk_problem(exc: BaseException) -> OSError | None:
     return None
 
 
+def _done_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass(slots=True)
 class _Job:
     """One checkpoint on its way to disk."""
@@ -249,6 +257,12 @@ class _Job:
     """Index of the CPU staging set it occupies (async)."""
     stalled: threading.Event = field(default_factory=threading.Event)
     """Set once stall_s is known (the event line waits for it)."""
+    copied: threading.Event = field(default_factory=_done_event)
+    """Set once every tensor is in ``tensors`` (``sharded-async``'s pipelined copy)."""
+    exact: bool = True
+    """False when the pipelined copy's guard found a deferred tensor written to."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """More fields for the checkpoint event."""
 
 
 class ShardedSaveFailed(RuntimeError):
@@ -349,6 +363,8 @@ class ShardedCheckpoints(Strategy):
         crash = _Crash(self._hook, ctx.rank)
         if self.asynchronous:
             crash.at("during-persist")
+            if not self._agree(job):
+                return
         directory = ctx.paths.checkpoints
         name = shard_name(job.step)
         tmp = directory / f".{name}.a{ctx.attempt}.tmp"
@@ -415,7 +431,8 @@ class ShardedCheckpoints(Strategy):
                 write_s=write_s, enqueue_s=0.0, backpressure_s=job.backpressure_s,
                 stall_s=stall, bytes=total, path=name,
                 extra={"attempt": ctx.attempt, "parts": len(parts) - 1,
-                       "writers": sum(1 for r in everyone if r), "async": self.asynchronous}))
+                       "writers": sum(1 for r in everyone if r), "async": self.asynchronous,
+                       **job.extra}))
         crash.at("before-pointer")
         epoch, cursor = ctx.geometry.locate(job.step)
         try:
@@ -428,6 +445,10 @@ class ShardedCheckpoints(Strategy):
                                   ) from None
         crash.at("after-pointer")
         apply_retention(directory, latest_step=job.step, keep=ctx.keep)
+
+    def _agree(self, job: _Job) -> bool:
+        """Whether every rank's copy of the job's state is complete and exact."""
+        return True
 
     def close(self) -> None:
         if self._events is not None:
@@ -446,6 +467,11 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         self._inflight: collections.deque[tuple[Future[None], _Job]] = collections.deque()
         self._staging: list[dict[str, torch.Tensor]] = []
         self._free: list[int] = []
+        # The copy of parameters and optimizer state runs under the next step, as for
+        # ``overlapped`` (:mod:`ecrl.runtime.pipeline`); the commit waits for it.
+        self._pipeline = SnapshotPipeline(ctx.optimizers, on_ready=self._copied,
+                                          on_torn=self._torn) if ctx.optimizers else None
+        self._synchronous = False
 
     def _settle(self, future: Future[None], job: _Job) -> None:
         try:
@@ -462,7 +488,9 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._settle(*self._inflight.popleft())
         return time.perf_counter() - t0
 
-    def _stage(self, tensors: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
+    def _stage(self, tensors: dict[str, torch.Tensor], later: frozenset[str] = frozenset()
+               ) -> tuple[int, dict[str, torch.Tensor]]:
+        """CPU staging buffers for ``tensors``, filled except for the keys in ``later``."""
         pin = torch.cuda.is_available()
         if self._free:
             index = self._free.pop()
@@ -475,29 +503,103 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             if held is None or held.shape != value.shape or held.dtype != value.dtype:
                 held = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
                 buffers[key] = held
-            held.copy_(value, non_blocking=pin and value.is_cuda)
+            if key not in later:
+                held.copy_(value, non_blocking=pin and value.is_cuda)
         if pin:
             torch.cuda.synchronize()
         for key in [k for k in buffers if k not in tensors]:
             del buffers[key]
         return index, dict(buffers)
 
+    def _deferrable(self, tensors: dict[str, torch.Tensor]) -> list[str]:
+        if self._pipeline is None or self._synchronous:
+            return []
+        storages = self._pipeline.storages()
+        return [k for k, v in tensors.items()
+                if isinstance(v, torch.Tensor) and v.numel() and storage_key(v) in storages]
+
+    def settle(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.settle()
+
     def checkpoint(self, step: int) -> None:
+        self.settle()  # a pipelined copy no optimizer step completed yet goes first
         t0 = time.perf_counter()
         backpressure = self._reap(wait_for=max(1, self.ctx.max_inflight) - 1)
         job = self._capture(step)
         t1 = time.perf_counter()
-        job.staging, job.tensors = self._stage(job.tensors)
+        sources = job.tensors
+        later = self._deferrable(sources)
+        job.staging, job.tensors = self._stage(sources, frozenset(later))
+        deferred = None
+        if later:
+            assert self._pipeline is not None
+            job.copied.clear()
+            staged = job.tensors
+            deferred = self._pipeline.start(
+                step, [sources[k] for k in later],
+                functools.partial(_copy_keys, sources, staged, later),
+                context={"job": job, "keys": later})
         job.snapshot_s += time.perf_counter() - t1
         job.backpressure_s = backpressure
         future = self._pool.submit(self._persist, job)
         self._inflight.append((future, job))
-        job.stall_s = time.perf_counter() - t0
+        if deferred is not None:
+            deferred.boundary_s = time.perf_counter() - t0
+        else:
+            job.stall_s = time.perf_counter() - t0
+            job.stalled.set()
+
+    def _copied(self, deferred: Deferred, wait_s: float) -> None:
+        """The pipelined copy is complete and exact (training thread): the commit may go on."""
+        job: _Job = deferred.context["job"]
+        job.stall_s = deferred.boundary_s + wait_s
+        job.snapshot_s += wait_s
+        job.extra = {"pipelined": True, "boundary_s": deferred.boundary_s, "wait_s": wait_s,
+                     "copy_s": deferred.future.result(), "deferred_bytes": deferred.nbytes}
+        job.copied.set()
         job.stalled.set()
+
+    def _torn(self, deferred: Deferred, changed: list[int]) -> None:
+        job: _Job = deferred.context["job"]
+        self._synchronous = True
+        job.exact = False
+        job.stall_s = deferred.boundary_s
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        warn(f"rank {self.ctx.rank}: sharded checkpoint of step {job.step} dropped: tensor "
+             f"{deferred.context['keys'][changed[0]]}{more} of its state was modified in place "
+             "before the next optimizer step (while it was being copied); later checkpoints of "
+             "this attempt copy the state synchronously")
+        job.copied.set()
+        job.stalled.set()
+
+    def _agree(self, job: _Job) -> bool:
+        """Wait for the job's pipelined copy; True when every rank's copy is exact (a checkpoint
+        one rank dropped is dropped by all: the ranks write parts of one checkpoint)."""
+        job.copied.wait()
+        exact = job.exact
+        if self._distributed:
+            flag = torch.tensor([1 if exact else 0], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
+            if not exact or int(flag.item()):
+                return exact
+            warn(f"rank {self.ctx.rank}: sharded checkpoint of step {job.step} dropped: "
+                 "another rank's copy of its state was not exact")
+            return False
+        return exact
 
     def close(self) -> None:
         try:
+            if self._pipeline is not None:
+                self._pipeline.close()
             self._reap(wait_for=0)
         finally:
             self._pool.shutdown(wait=True)
             super().close()
+
+
+def _copy_keys(sources: dict[str, torch.Tensor], staged: dict[str, torch.Tensor],
+               keys: list[str]) -> None:
+    """The deferred part of a staging copy (on :mod:`ecrl.runtime.pipeline`'s thread)."""
+    for key in keys:
+        staged[key].copy_(sources[key])

@@ -21,6 +21,7 @@ step (``(c + 1) % K == 0``), except the run's last step, which ends the run inst
 
 from __future__ import annotations
 
+import functools
 import mmap
 import time
 from collections.abc import Callable
@@ -246,9 +247,12 @@ class OverlappedCheckpoints(Strategy):
                 image = slot.view()
                 encode_prefix(state.layout, image)
                 statepack.snapshot_tensors(state, image, now)
-                deferred = self._pipeline.start(step, state, image, later, context={
-                    "slot": slot, "snapshot_s": encode_s + time.perf_counter() - t2,
-                    "backpressure_s": backpressure_s})
+                deferred = self._pipeline.start(
+                    step, [state.tensors[i] for i in later],  # type: ignore[misc]
+                    functools.partial(statepack.snapshot_tensors, state, image, later),
+                    context={"slot": slot, "state": state, "indices": later,
+                             "snapshot_s": encode_s + time.perf_counter() - t2,
+                             "backpressure_s": backpressure_s})
             else:
                 statepack.snapshot_into(state, slot.view())
                 snapshot_s = encode_s + time.perf_counter() - t2
@@ -273,7 +277,7 @@ class OverlappedCheckpoints(Strategy):
         epoch, cursor = self.ctx.geometry.locate(deferred.step)
         t0 = time.perf_counter()
         job = self._client.submit(
-            info["slot"], size=deferred.state.layout.size, global_step=deferred.step,
+            info["slot"], size=info["state"].layout.size, global_step=deferred.step,
             epoch=epoch, cursor_step=cursor, world_size=self.ctx.world_size,
             # The copy's share of the stall (snapshot_s <= stall_s, as for every strategy): the
             # boundary's part and the update's wait; copy_s has the background copy's seconds.
@@ -290,7 +294,8 @@ class OverlappedCheckpoints(Strategy):
         """Something wrote to a deferred tensor before its copy was complete: the image may mix
         two states, so it is never handed to the writer (its slot stays free)."""
         self._synchronous = True
-        where = tensor_path(deferred.state.tree, changed[0])
+        info = deferred.context
+        where = tensor_path(info["state"].tree, info["indices"][changed[0]])
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
         warn(f"checkpoint of step {deferred.step} dropped: {where}{more} was modified in place "
              "before the next optimizer step (after the step boundary, while it was being "
