@@ -465,9 +465,11 @@ class Supervisor:
                       "--rdzv-id", f"{c.rdzv_id or 'ecrl-' + self.paths.root.name}-{attempt}"]
             if c.rdzv_conf:
                 launch += ["--rdzv-conf", c.rdzv_conf]
+        # torchrun polls its ranks every monitor interval: a failed rank is noticed (and the
+        # attempt ended) that much later, time every recovery loses; 0.1 s costs no measurable CPU.
         return [sys.executable, "-m", "torch.distributed.run", *launch,
                 "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-                "--monitor-interval", "0.5", *self.program]
+                "--monitor-interval", "0.1", *self.program]
 
     def _attempt_env(self, attempt: int, pointer: LatestPointer | None,
                      fail_at: list[int]) -> AttemptEnv:
