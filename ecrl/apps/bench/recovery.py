@@ -1,10 +1,11 @@
 """``ecrl bench recovery``: the time one failure costs, with ``jit`` and with periodic checkpoints.
 
 For each case the benchmark draws one failure step at random (seeded), then runs the real thing
-(``ecrl run``: supervisor, torchrun, two ranks, real fsyncs) three times with the same seed, data,
-steps and failure (rank 1 exits after that step): ``jit`` (no periodic checkpoints),
-``overlapped`` every K and ``blocking`` every K. From each run directory, as ``ecrl-verify``
-measures it:
+(``ecrl run``: supervisor, torchrun, two ranks, real fsyncs) with the same seed, data, steps and
+failure (rank 1 exits after that step): ``jit`` (no periodic checkpoints), ``overlapped`` every K
+and ``blocking`` every K, all three with ``--warm-standby`` so that they share the same restart,
+and ``jit`` once more without it (what the standby saves). From each run directory, as
+``ecrl-verify`` measures it:
 
 - replayed steps: steps a failed attempt ran that its successor ran again;
 - time lost: the failed attempt's wall time after its last committed step (replayed work) plus
@@ -84,18 +85,18 @@ def _median_step_s(run: Path) -> float:
 
 
 def _train(root: Path, case: _Case, strategy: str, fail_at: int,
-           progress: Progress) -> _Measured:
+           progress: Progress, *, standby: bool = True) -> _Measured:
     from ecrl.runtime.supervisor import EXIT_OK, Supervisor
     from verifier import verify
 
-    out = root / f"{case.model}-{case.image_size}-{strategy}"
+    out = root / f"{case.model}-{case.image_size}-{strategy}-{'warm' if standby else 'cold'}"
     config = RunConfig(out=str(out), world_sizes=(2,), dataset="fake", dataset_size=50_000,
                        model=case.model, global_batch=case.global_batch, steps=case.steps,
-                       image_size=case.image_size,
+                       image_size=case.image_size, warm_standby=standby,
                        ckpt_every=0 if strategy == "jit" else case.every, strategy=strategy,
                        fail_at=(fail_at,), fail_rank=1, threads=1, seed=0)
     progress(f"{case.label}: {case.steps} steps, strategy {strategy}, failure after step "
-             f"{fail_at}")
+             f"{fail_at}{'' if standby else ', no warm standby'}")
     code = Supervisor(config, out=lambda _line: None, err=progress).run()
     if code != EXIT_OK:
         raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
@@ -120,6 +121,13 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             fail_at = rng.randrange(case.every, case.steps - 2)
             got = {s: _train(root, case, s, fail_at, progress) for s in STRATEGIES}
             jit = got["jit"]
+            cold = _train(root, case, "jit", fail_at, progress, standby=False)
+            rows.append(BenchRow(
+                candidate="jit, warm standby", alternative="jit, torchrun launched at the failure",
+                metric=f"{case.label}: time lost to one failure after step {fail_at}, s "
+                       "(lower is better)",
+                candidate_value=jit.lost_s, alternative_value=cold.lost_s,
+                note="the restart without --warm-standby: new torchrun, rendezvous, imports"))
             for other in ("overlapped", "blocking"):
                 periodic = got[other]
                 rows.append(BenchRow(
@@ -170,7 +178,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             *notes,
             "each cell is a real `ecrl run` (torchrun, two ranks, trainer, fsync) with the same "
             "seed, data, steps and one injected failure (rank 1 exits after the drawn step); "
-            "time lost = verifier lost_s + restart_s",
+            "time lost = verifier lost_s + restart_s; every strategy runs with --warm-standby "
+            "(the same restart for all), and jit once more without it",
             "jit runs without periodic checkpoints; the periodic strategies checkpoint every K "
             "steps, so they replay the steps since their last checkpoint",
             "--quick: tiny CNN, 60 steps, K = 20; full: tiny CNN (400 steps), ResNet-18 at 32 px "
