@@ -75,6 +75,19 @@ class ExitWatch:
 
     @classmethod
     def at_exit(cls) -> None:
+        # States still being written by the background writer are made durable first (a failed
+        # run resumes from its newest one); at normal completion a waiting one is dropped.
+        errors = [error for program in cls.programs
+                  if (error := program.finish_writes(completed=not cls.failed)) is not None]
+        if errors:
+            # A write failed after its save returned: said now, never lost, and the run fails
+            # (exit 1 unless it failed already); the state on disk, the last one written whole,
+            # stays.
+            sys.stderr.write(f"ecrl-transform: {errors[0]}\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if not cls.failed:
+                os._exit(1)
         if cls.failed:
             return  # the failure said why; the resume state stays
         for program in cls.programs:
