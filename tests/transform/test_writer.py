@@ -101,3 +101,35 @@ def test_a_failed_write_is_reported_in_one_line(tmp_path: Path, sync: str, last:
     # Reported at the exit, the program had finished its work; at a save, it had not.
     assert (done.stdout.strip() == str(sum(range(last + 1)))) == (where == "the exit"
                                                                   and sync == "0")
+
+
+FORKS = """
+import os, time
+from transform import _checkpoint
+
+total = 0
+for i in range(20):
+    total += i
+    time.sleep(0.02)
+    _checkpoint()
+    if i == 10:
+        pid = os.fork()
+        if pid == 0:
+            raise SystemExit(0)  # the child ends normally: its exit must not wait or clean up
+        os.waitpid(pid, 0)
+        print(os.path.exists(os.path.join(os.environ["ECRL_CKPT_DIR"], "resume.ckpt")))
+print(total)
+"""
+
+
+@pytest.mark.parametrize("sync", ["0", "1"])
+def test_a_forked_child_neither_waits_for_nor_removes_the_parents_state(tmp_path: Path,
+                                                                        sync: str) -> None:
+    """Synchronous, no write of the parent's could bring the file back after a child removed it;
+    in the background, the child's exit must not wait for the parent's writer."""
+    _, program, env = prepare(tmp_path, FORKS, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env={**env, "ECRL_TRANSFORM_SYNC": sync},
+                     timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "190"], "the child's exit removed the resume state"
+    assert not (tmp_path / "ckpt").exists()

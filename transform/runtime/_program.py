@@ -55,6 +55,8 @@ class Program:
         self.directory = self.state_dir.directory
         self.path = self.state_dir.path
         self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.pid = os.getpid()
+        """The process that runs the program: a child it forks neither writes nor removes."""
         self.entries: dict[str, int] = {}
         # Functions and classes are found in, and closures bound to, the program's namespace.
         set_program(sys._getframe(1).f_globals, file)

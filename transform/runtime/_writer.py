@@ -24,6 +24,7 @@ on while the disk works.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,11 +58,11 @@ class StateWriter:
     def __init__(self, state_dir: StateDir, *, background: bool) -> None:
         self.state_dir = state_dir
         self.background = background
-        self._cond = threading.Condition()
-        self._waiting: Job | None = None
-        self._busy = False
-        self._closing = False
-        self._thread: threading.Thread | None = None
+        self._forked()
+        # A child the program forks (a DataLoader worker, os.fork) has no writer thread, and its
+        # copy of the lock may be held: it starts with a writer of its own that has nothing in
+        # flight (its exit must not wait for the parent's write).
+        os.register_at_fork(after_in_child=self._forked)
         self.submitted = 0
         """Number of the newest state handed over (saves are numbered from 1)."""
         self.written = 0
@@ -69,6 +70,13 @@ class StateWriter:
         self.error: str | None = None
         self.reported = False
         """The error was raised at a save (the exit does not say it again)."""
+
+    def _forked(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: Job | None = None
+        self._busy = False
+        self._closing = False
+        self._thread: threading.Thread | None = None
 
     # -- the training thread
     def submit(self, job: Job) -> None:
