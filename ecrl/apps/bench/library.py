@@ -134,7 +134,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             pass
         alone_ours.append(epochs * per_epoch / (time.perf_counter() - t0))
         t0 = time.perf_counter()
-        theirs_sampler = DistributedSampler(items, num_replicas=1, rank=0)
+        theirs_sampler: DistributedSampler[Any] = DistributedSampler(items, num_replicas=1, rank=0)
         for epoch in range(epochs):  # each epoch draws its permutation, as in training
             theirs_sampler.set_epoch(epoch)
             for _batch in BatchSampler(theirs_sampler, BATCH, drop_last=True):
