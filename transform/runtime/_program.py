@@ -110,6 +110,8 @@ class Program:
             self.writer.submit(Job(self.saves, header, data, blobs, hook))
             if kill is not None and not (kill[1] == IN_FLIGHT and self.saves >= kill[0]):
                 self.writer.wait()  # an injected kill lands on a known state
+            elif kill == (self.saves, IN_FLIGHT):
+                self.writer.wait_taken(self.saves)
         if kill is not None and kill == (self.saves, "after"):
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -65,6 +65,8 @@ class StateWriter:
         os.register_at_fork(after_in_child=self._forked)
         self.submitted = 0
         """Number of the newest state handed over (saves are numbered from 1)."""
+        self.taken = 0
+        """Number of the newest state the writer thread began to write."""
         self.written = 0
         """Number of the newest state written whole."""
         self.error: str | None = None
@@ -83,7 +85,7 @@ class StateWriter:
         """Hand over a state; raises the error of an earlier write that failed."""
         self._raise_error()
         if not self.background:
-            self.submitted = job.number
+            self.submitted = self.taken = job.number
             self._write(job)
             self._raise_error()
             return
@@ -121,6 +123,12 @@ class StateWriter:
             raise CheckpointError(self.error)
 
     # -- failure injection (tests)
+    def wait_taken(self, number: int, timeout: float = 60.0) -> None:
+        """Until the writer thread has begun to write state ``number``: an injected fault in its
+        write must not be skipped because a later save superseded it while it waited."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.taken >= number or self.error is not None, timeout)
+
     def hold_until_overtaken(self, number: int, timeout: float = 60.0) -> None:
         """Called inside the write of state ``number``: return once the program has handed over
         a later state (it ran on while this one was in flight) or is exiting."""
@@ -135,6 +143,8 @@ class StateWriter:
                     self._cond.wait()
                 job, self._waiting = self._waiting, None
                 self._busy = True
+                self.taken = job.number
+                self._cond.notify_all()
             try:
                 self._write(job)
             finally:
