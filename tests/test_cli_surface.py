@@ -48,7 +48,7 @@ RUN_FLAGS = [
     "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every", "--strategy",
     "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids", "--max-restarts",
     "--deadline", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s",
-    "--keep-checkpoints", "--lr", "--image-size", "--threads",
+    "--keep-checkpoints", "--lr", "--image-size", "--threads", "--warm-standby",
     "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
     "--rdzv-conf",
 ]

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import ecrl
 
 FEATURES = 8
 CLASSES = 2
@@ -39,6 +41,26 @@ def parse_args(argv: Sequence[str] | None = None, *, dataset_size: int = 40,
     for flag, kwargs in extra:
         parser.add_argument(flag, **kwargs)
     return parser.parse_args(argv)
+
+
+def external_step_log(args: argparse.Namespace, steps_per_epoch: int,
+                      **sampler: Any) -> ecrl.StepLog:
+    """The step log of a loop fed by a sampler ECRL does not know (the verifier's audit mode):
+    ``sampler`` describes it in ``run.json``; the loop passes its own epoch and cursor step."""
+    return ecrl.StepLog(
+        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
+        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
+        sampler={"kind": "external", **sampler})
+
+
+def distributed_loader(data: Dataset[Any], args: argparse.Namespace, world: int, *,
+                       drop_last: bool) -> tuple[DistributedSampler[int], DataLoader[Any]]:
+    """torch's ``DistributedSampler`` (shuffled, seeded) and a ``DataLoader`` of this rank's
+    share of the global batch, as most DDP scripts build them."""
+    sampler: DistributedSampler[int] = DistributedSampler(data, shuffle=True, seed=args.seed,
+                                                          drop_last=drop_last)
+    return sampler, DataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
+                               drop_last=drop_last)
 
 
 def init_distributed() -> tuple[int, int]:

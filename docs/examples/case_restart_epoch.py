@@ -15,13 +15,14 @@ from __future__ import annotations
 from _case_common import (
     LoopState,
     Points,
+    distributed_loader,
+    external_step_log,
     finish,
     init_distributed,
     make_model,
     parse_args,
     train_step,
 )
-from torch.utils.data import DataLoader, DistributedSampler
 
 import ecrl
 
@@ -30,15 +31,9 @@ def main() -> None:
     args = parse_args(dataset_size=40, global_batch=8, steps=15)
     _, world = init_distributed()
     data = ecrl.WithSampleIds(Points(args.dataset_size, args.seed))
-    sampler: DistributedSampler[int] = DistributedSampler(data, shuffle=True, seed=args.seed,
-                                                          drop_last=True)
-    loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
-                        drop_last=True)
+    sampler, loader = distributed_loader(data, args, world, drop_last=True)
     steps_per_epoch = len(loader)
-    log = ecrl.StepLog(
-        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
-        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
-        sampler={"kind": "external", "name": "torch.utils.data.DistributedSampler"})
+    log = external_step_log(args, steps_per_epoch, name="torch.utils.data.DistributedSampler")
     model, optimizer = make_model(args.seed)
     loop = LoopState(epoch=0)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loop": loop}, log=log)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from _case_common import (
     Points,
+    external_step_log,
     finish,
     init_distributed,
     make_model,
@@ -46,11 +47,9 @@ def main() -> None:
     loader = StatefulDataLoader(data, batch_size=args.global_batch // world, sampler=sampler,
                                 drop_last=True, num_workers=args.workers)
     steps_per_epoch = len(loader)
-    log = ecrl.StepLog(
-        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
-        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
-        sampler={"kind": "external", "name": "torchdata.stateful_dataloader.StatefulDataLoader",
-                 "sampler_class": "StatefulDistributedSampler", "workers": args.workers})
+    log = external_step_log(args, steps_per_epoch,
+                            name="torchdata.stateful_dataloader.StatefulDataLoader",
+                            sampler_class="StatefulDistributedSampler", workers=args.workers)
     model, optimizer = make_model(args.seed)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loader": loader}, log=log)
     step = ckpt.restore()

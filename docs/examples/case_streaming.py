@@ -22,6 +22,7 @@ import numpy as np
 from _case_common import (
     FEATURES,
     Points,
+    external_step_log,
     finish,
     init_distributed,
     make_model,
@@ -59,12 +60,9 @@ def main() -> None:
     loader = StreamingDataLoader(dataset, batch_size=local_batch, num_workers=args.workers,
                                  drop_last=True)
     steps_per_epoch = args.dataset_size // args.global_batch
-    log = ecrl.StepLog(
-        args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
-        global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
-        sampler={"kind": "external", "name": "streaming.StreamingDataset",
-                 "loader": "streaming.StreamingDataLoader", "workers": args.workers,
-                 "num_canonical_nodes": 1})
+    log = external_step_log(args, steps_per_epoch, name="streaming.StreamingDataset",
+                            loader="streaming.StreamingDataLoader", workers=args.workers,
+                            num_canonical_nodes=1)
     model, optimizer = make_model(args.seed)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": optimizer, "loader": loader},
                              log=log)

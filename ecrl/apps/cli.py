@@ -109,6 +109,10 @@ def _add_launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
     p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id (same on every node)")
     p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
+    from ecrl.runtime.runconfig import run_flags
+
+    standby = next(f for f in run_flags() if f.name == "warm_standby")
+    p.add_argument(standby.flag, action="store_true", default=None, help=standby.help)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
                    help="the training script and its arguments (omit to continue a run)")
 

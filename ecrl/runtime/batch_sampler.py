@@ -130,9 +130,10 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 if len(issued) >= limit:
                     del issued[next(iter(issued))]
                 issued[step] = (ids, digest)
-                # The caller gets the list it is handed; the sampler's own copy is never
-                # mutated by a DataLoader, and StepLog compares against it.
-                yield ids
+                # A copy: what StepLog compares the logged batch with must be what was issued,
+                # even if the caller changes the list it got (else a hash-only record could
+                # carry the issued hash for IDs that did not reach the step).
+                yield list(ids)
             if self.steps is not None and first + len(rows) >= self.steps:
                 return
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
+from ecrl.runtime.standby import GO_VARIABLE, await_go
 
 __all__ = ["PREFIX", "AttemptEnv"]
 
@@ -86,6 +87,9 @@ class AttemptEnv:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AttemptEnv | None:
         """The attempt this process belongs to, or None when no supervisor started it."""
         env = os.environ if environ is None else environ
+        if environ is None and GO_VARIABLE in os.environ:
+            # A warm standby rank: its attempt starts when the supervisor says which it is.
+            await_go(os.environ[GO_VARIABLE])
         if PREFIX + "RUN_DIR" not in env:
             return None
         values: dict[str, Any] = {}

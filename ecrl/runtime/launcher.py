@@ -47,7 +47,7 @@ __all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_progra
 LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
                "max_restarts", "keep_checkpoints", "threads", "nnodes", "rdzv_backend",
                "rdzv_endpoint", "rdzv_id", "rdzv_conf", "deadline", "deadline_k_step",
-               "deadline_k_ckpt", "hang_timeout_s")
+               "deadline_k_ckpt", "hang_timeout_s", "warm_standby")
 """The settings of ``ecrl launch`` (a subset of ``ecrl run``'s; the rest is the script's)."""
 _SAME_RUN_KEYS = ("world_sizes", "ckpt_every", "strategy", "fail_at")
 _PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")

@@ -46,6 +46,7 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(("out", "dataset", "model", "strategy", "data_dir", "deadline", "rdzv_backend",
                      "rdzv_endpoint", "rdzv_id", "rdzv_conf"), str),
     "log_ids": bool,
+    "warm_standby": bool,
     "lr": (int, float),
     "collective_timeout_s": (int, float),
     **dict.fromkeys(("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"), (int, float)),
@@ -140,6 +141,9 @@ class RunConfig:
     """PX: side of the (square) input images for fake and imagefolder data."""
     threads: int | None = None
     """N: torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
+    warm_standby: bool = False
+    """Start the next attempt's torchrun while this one trains, so that a restart skips the
+    launch, the rendezvous and the imports (single node; costs the memory of idle ranks)."""
     collective_timeout_s: float = 60.0
     """S: timeout of every collective: how long a hung (not dead) peer can stall the job."""
     nnodes: int = 1

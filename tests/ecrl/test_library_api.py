@@ -265,3 +265,13 @@ def test_the_sampler_rides_in_a_stateful_dataloader_state(workers: int) -> None:
         got += [next(it)[0].tolist() for _ in range(4)]
         state = again.state_dict()
     assert got == expected[:13]
+
+
+def test_a_batch_changed_after_the_sampler_issued_it_is_refused(tmp_path: Path) -> None:
+    # The step log compares the batch with the IDs as issued, not with the caller's list.
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, rank=0, world_size=1)
+    log = ecrl.StepLog(tmp_path / "run", sampler=sampler, steps=10)
+    batch = next(iter(sampler))
+    batch[0] = next(i for i in range(64) if i not in batch)
+    with pytest.raises(SemanticsError, match="does not hold the IDs"):
+        log.step(0, sample_ids=batch)

@@ -9,18 +9,15 @@ Each run is made once per session and shared (``runs`` in ``conftest.py``).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Run, RunCache
+from conftest import Run, RunCache, _locked
 
 pytestmark = pytest.mark.torchrun
 
@@ -143,17 +140,6 @@ def stateful_end_fixed(runs: RunCache) -> Run:
     return _launch(runs, "case-stateful-end-fixed", ["--nproc", "2", "--ckpt-every", "5",
                                                      "--fail-at", "9"],
                    "case_stateful_dataloader.py", "--resume-into", "checkpoint")
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")

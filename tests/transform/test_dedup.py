@@ -94,3 +94,32 @@ def test_a_damaged_blob_is_never_loaded(fixture: tuple[Path, str], tmp_path: Pat
     assert done.stderr.strip() == (f"ecrl-transform: {ckpt / name} is damaged (checksum "
                                    "mismatch): it is never loaded; remove the directory to start "
                                    "over")
+
+
+def test_the_memo_reuses_only_what_is_unchanged() -> None:
+    """Unchanged blobs cost no hash and no copy (the same bytes object comes back); a buffer
+    written through an alias that bumps no version counter is saved again."""
+    import numpy as np
+
+    from transform.runtime._pickling import BlobMemo, dumps
+
+    memo = BlobMemo()
+    text = "abc" * 50_000
+    array = np.zeros(32_768)
+    alias = array.reshape(-1)[:]  # a view: writes through it never touch `array` as an object
+
+    def save() -> dict[str, bytes]:
+        return dumps({"text": text, "array": array}, {}, memo=memo).blobs
+
+    first = save()
+    assert len(first) == 2
+    second = save()
+    assert second.keys() == first.keys()
+    assert all(second[d] is first[d] for d in first), "an unchanged blob was copied again"
+    alias[7] = 1.0
+    third = save()
+    changed = set(third) - set(first)
+    assert len(changed) == 1 and third[changed.pop()] == array.tobytes()
+    assert set(save()) == set(third) == set(save())
+    memo_free = dumps({"text": text, "array": array}, {}).blobs
+    assert set(memo_free) == set(third), "the memo's digests differ from hashing afresh"

@@ -203,3 +203,20 @@ def test_the_globals_recorded_at_save_are_all_that_the_payload_imports() -> None
     back = loads(dumped.data, {}, dumped.globals, dumped.blobs.__getitem__)
     assert back["colour"] is Colour.RED and back["factory"] is make
     assert torch.equal(back["model"].weight, model.weight)
+
+
+def test_a_state_directory_removed_while_the_program_runs_is_made_again_whole(
+        tmp_path: Path) -> None:
+    from transform.runtime._statefile import StateDir
+
+    state = StateDir(tmp_path / "state")
+    state.prepare()
+    blobs = {"ab" * 32: b"constant data"}
+    state.write({"position": 1}, b"payload-1", blobs)
+    for path in list(state.directory.iterdir()):
+        path.unlink()
+    state.directory.rmdir()
+    state.write({"position": 2}, b"payload-2", blobs)
+    assert stat.S_IMODE(state.directory.stat().st_mode) == 0o700
+    # The blob went with the directory: written again, so the state refers to nothing missing.
+    assert (state.directory / f"blob-{'ab' * 32}").read_bytes() == b"constant data"

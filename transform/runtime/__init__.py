@@ -18,9 +18,10 @@ hints, what each saves, the firing rules) and calls this package at a few places
   restored last, so nothing the walk does disturbs them).
 
 One module per concern: ``_rng`` (random states), ``_pickling`` (anchored serialization),
-``_inplace`` (anchors restored in place), ``_statefile`` (the file on disk), ``_exit`` (one-line
-refusals, the state kept or removed at exit), ``_program`` (:class:`Program`,
-:class:`Activation`). torch is imported only when the program has imported it itself.
+``_inplace`` (anchors restored in place), ``_statefile`` (the file on disk), ``_writer`` (the
+background writer), ``_exit`` (one-line refusals, the state kept or removed at exit),
+``_program`` (:class:`Program`, :class:`Activation`). torch is imported only when the program
+has imported it itself.
 """
 
 from __future__ import annotations

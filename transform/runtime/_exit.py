@@ -75,9 +75,25 @@ class ExitWatch:
 
     @classmethod
     def at_exit(cls) -> None:
+        # A child the program forked (os.fork, a DataLoader worker) ends without touching the
+        # parent's resume state: neither its writes nor its removal are the child's.
+        programs = [program for program in cls.programs if program.pid == os.getpid()]
+        # States still being written by the background writer are made durable first (a failed
+        # run resumes from its newest one); at normal completion a waiting one is dropped.
+        errors = [error for program in programs
+                  if (error := program.finish_writes(completed=not cls.failed)) is not None]
+        if errors:
+            # A write failed after its save returned: said now, never lost, and the run fails
+            # (exit 1 unless it failed already); the state on disk, the last one written whole,
+            # stays.
+            sys.stderr.write(f"ecrl-transform: {errors[0]}\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if not cls.failed:
+                os._exit(1)
         if cls.failed:
             return  # the failure said why; the resume state stays
-        for program in cls.programs:
+        for program in programs:
             stuck = [a for a in program.walking if not a.run]
             if stuck:
                 a = stuck[0]
@@ -87,7 +103,7 @@ class ExitWatch:
                                  "report this with the program)\n")
                 sys.stderr.flush()
                 os._exit(70)
-        for program in cls.programs:
+        for program in programs:
             program.complete()
 
 

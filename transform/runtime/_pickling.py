@@ -38,7 +38,7 @@ import cloudpickle
 
 from transform.runtime._exit import CheckpointError
 
-__all__ = ["Dumped", "dumps", "loads", "describe", "BLOB_MIN_BYTES"]
+__all__ = ["BlobMemo", "Dumped", "dumps", "loads", "describe", "BLOB_MIN_BYTES"]
 
 BLOB_MIN_BYTES = 64 * 1024
 """Arrays and strings at least this large are kept apart and saved once while unchanged."""
@@ -217,10 +217,81 @@ def _builtin_type(name: str) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
+class _Seen:
+    __slots__ = ("owner", "digest", "content")
+
+    def __init__(self, owner: Any, digest: str, content: bytes | None) -> None:
+        self.owner = owner
+        self.digest = digest
+        self.content = content
+
+
+_COMPARE_CHUNK = 1 << 20
+
+
+def _same_bytes(data: bytes | memoryview, content: bytes) -> bool:
+    """``data`` (a NumPy array's or a torch storage's memory) equals ``content``, compared a chunk
+    at a time (a changed buffer usually differs early): many times cheaper than hashing it."""
+    if len(data) != len(content):
+        return False
+    import numpy as np
+
+    mine = np.frombuffer(data, dtype=np.uint8)
+    theirs = np.frombuffer(content, dtype=np.uint8)
+    return all(np.array_equal(mine[i:i + _COMPARE_CHUNK], theirs[i:i + _COMPARE_CHUNK])
+               for i in range(0, len(content), _COMPARE_CHUNK))
+
+
+class BlobMemo:
+    """The blobs of the previous save, so that an unchanged one costs neither a hash nor a copy.
+
+    Sound whatever the program did in between. An entry holds its object, so the key — the
+    object's ``id``, or a torch storage's ``_cdata`` — names that object and no other while the
+    entry lives. An immutable ``str`` or ``bytes`` found again is the same value. A buffer (NumPy
+    array, torch storage) found again is compared byte for byte with an immutable copy of its
+    content at the previous save: equal bytes, equal digest. No version counter is trusted
+    (``.data``, NumPy views and ``torch.from_numpy`` write memory without bumping one). A buffer
+    that changed keeps no copy (it is hashed at the next save, and keeps a copy again once it is
+    seen unchanged), so the copies held are those of constant data. Entries of objects the last
+    save did not hold are dropped.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, int], _Seen] = {}
+        self.next: dict[tuple[str, int], _Seen] = {}
+
+    def content(self, key: tuple[str, int], owner: Any, data: bytes | memoryview | str
+                ) -> tuple[str, bytes]:
+        """(digest, immutable bytes) of ``data``, the memory or value of ``owner`` now."""
+        seen = self.next.get(key) or self.entries.get(key)
+        if seen is not None and seen.content is not None and (
+                isinstance(data, str | bytes) or _same_bytes(data, seen.content)):
+            self.next[key] = seen
+            return seen.digest, seen.content
+        if isinstance(data, str):
+            content = data.encode("utf-8", "surrogatepass")
+        else:
+            content = data if isinstance(data, bytes) else bytes(data)
+        digest = hashlib.sha256(content).hexdigest()
+        changed = seen is not None and seen.digest != digest
+        self.next[key] = _Seen(owner, digest, None if changed else content)
+        return digest, content
+
+    def saved(self) -> None:
+        """One save's payload is done: what it did not hold is forgotten."""
+        self.entries, self.next = self.next, {}
+
+    def abandon(self) -> None:
+        """A save that failed: the entries stay those of the last one."""
+        self.next = {}
+
+
 class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file: Any, protocol: int, blobs: dict[str, bytes] | None) -> None:
+    def __init__(self, file: Any, protocol: int, blobs: dict[str, bytes] | None,
+                 memo: BlobMemo | None = None) -> None:
         super().__init__(file, protocol=protocol)
         self.blobs = blobs
+        self.blob_memo = memo
         """Digest → bytes of the blobs written so far; None: everything inline."""
         self.keys: dict[int, int] = {}
         self.keep: list[Any] = []  # objects keyed by id stay alive until the dump ends
@@ -236,20 +307,29 @@ class _Pickler(cloudpickle.Pickler):
             self.keep.append(obj)
         return key
 
-    def _blob(self, data: bytes | memoryview) -> tuple[str, bytes | str]:
+    def _blob(self, data: bytes | memoryview | str, key: tuple[str, int] | None = None,
+              owner: Any = None) -> tuple[str, bytes | str]:
+        """A buffer inline or as a blob; ``key`` and ``owner`` name it for the memo (``owner``
+        stays alive while its entry does, so ``key`` — an id — names only it)."""
         if self.blobs is None or len(data) < BLOB_MIN_BYTES:
+            if isinstance(data, str):
+                return "inline", data.encode("utf-8", "surrogatepass")
             return "inline", bytes(data)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest not in self.blobs:
-            self.blobs[digest] = bytes(data)
+        if self.blob_memo is not None and key is not None:
+            digest, content = self.blob_memo.content(key, owner, data)
+        else:
+            content = data.encode("utf-8", "surrogatepass") if isinstance(data, str) \
+                else data if isinstance(data, bytes) else bytes(data)
+            digest = hashlib.sha256(content).hexdigest()
+        self.blobs.setdefault(digest, content)
         return "blob", digest
 
     def persistent_id(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is str or kind is bytes:
             if self.blobs is not None and len(obj) >= BLOB_MIN_BYTES:
-                data = obj.encode("utf-8", "surrogatepass") if kind is str else obj
-                return ("str" if kind is str else "bytes", *self._blob(data))
+                return ("str" if kind is str else "bytes",
+                        *self._blob(obj, ("object", id(obj)), obj))
             return None
         if kind.__module__.startswith("torch"):
             torch = sys.modules["torch"]
@@ -262,7 +342,8 @@ class _Pickler(cloudpickle.Pickler):
             key = self._key(untyped, untyped._cdata)
             cpu = untyped.cpu() if untyped.device.type != "cpu" else untyped
             data = memoryview(torch.empty(0, dtype=torch.uint8).set_(cpu).numpy())
-            return ("storage", key, dtype, str(untyped.device), *self._blob(data))
+            return ("storage", key, dtype, str(untyped.device),
+                    *self._blob(data, ("storage", untyped._cdata), untyped))
         if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
             self.arrays.append(obj)
         if self.blobs is not None and kind.__module__ == "numpy" and kind.__name__ == "ndarray" \
@@ -272,7 +353,8 @@ class _Pickler(cloudpickle.Pickler):
             # its fields). A view comes back as a copy, as with plain pickling.
             key = self._key(obj, id(obj))
             data = memoryview(obj.reshape(-1).view("u1"))
-            return ("ndarray", key, obj.dtype.str, obj.shape, *self._blob(data))
+            return ("ndarray", key, obj.dtype.str, obj.shape,
+                    *self._blob(data, ("object", id(obj)), obj))
         return None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -360,17 +442,26 @@ class Dumped:
         self.globals = globals_
 
 
-def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = True) -> Dumped:
-    """Serialize; :class:`pickle.PicklingError` (or the error of the value) if it cannot be."""
+def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = True,
+          memo: BlobMemo | None = None) -> Dumped:
+    """Serialize; :class:`pickle.PicklingError` (or the error of the value) if it cannot be.
+
+    With ``memo``, blobs unchanged since the memo's last save are neither hashed nor copied."""
     _Context.dump_anchors = anchors
     buf = io.BytesIO()
     blobs: dict[str, bytes] = {}
     try:
-        pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL, blobs if dedup else None)
+        pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL, blobs if dedup else None, memo)
         pickler.dump(payload)
+        _check_shared_memory(pickler.arrays)
+    except BaseException:
+        if memo is not None:
+            memo.abandon()
+        raise
     finally:
         _Context.dump_anchors = {}
-    _check_shared_memory(pickler.arrays)
+    if memo is not None:
+        memo.saved()
     return Dumped(buf.getvalue(), blobs, [list(g) for g in sorted(pickler.globals)])
 
 

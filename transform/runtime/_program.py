@@ -17,15 +17,21 @@ from typing import Any
 from transform.planspec import HintSpec, Plan, PlanError
 from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
-from transform.runtime._pickling import dumps, loads, set_program
+from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
+from transform.runtime._writer import SYNC_ENV, Job, StateWriter
 
-__all__ = ["Program", "Activation", "KILL_ENV", "DEDUP_ENV", "SKIP"]
+__all__ = ["Program", "Activation", "KILL_ENV", "DEDUP_ENV", "SYNC_ENV", "SKIP"]
 
 KILL_ENV = "ECRL_TRANSFORM_KILL_AT"
-"""Failure injection for tests: ``N`` (SIGKILL right after the N-th save of this process) or
-``N:POINT`` (during the N-th save, at an :data:`ecrl.contract.atomicio.CRASH_POINTS` step)."""
+"""Failure injection for tests: ``N`` (SIGKILL right after the N-th save of this process is
+written), ``N:POINT`` (during the N-th save's write, at an
+:data:`ecrl.contract.atomicio.CRASH_POINTS` step of ``resume.ckpt``) — every save then waits for
+its write, so the kill lands on a known state — or ``N:in-flight`` (the N-th save's write stops
+before its rename until the program has handed over a later save, then SIGKILL: a kill while the
+training thread runs ahead of the background writer)."""
+IN_FLIGHT = "in-flight"
 DEDUP_ENV = "ECRL_TRANSFORM_DEDUP"
 """``0`` writes every value into every checkpoint (no blob saved once): the benchmark's baseline."""
 
@@ -49,16 +55,21 @@ class Program:
         self.directory = self.state_dir.directory
         self.path = self.state_dir.path
         self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.pid = os.getpid()
+        """The process that runs the program: a child it forks neither writes nor removes."""
         self.entries: dict[str, int] = {}
         # Functions and classes are found in, and closures bound to, the program's namespace.
         set_program(sys._getframe(1).f_globals, file)
         self.dedup = os.environ.get(DEDUP_ENV, "1") != "0"
+        self.blob_memo = BlobMemo() if self.dedup else None
         if self.rank == 0:
             self.state_dir.clean()
         self.pending: StoredState | None = self.state_dir.read(self.plan.source)
         self.walking: list[Activation] = []
         self.saves = 0
         self.kill_at = _parse_kill(os.environ.get(KILL_ENV))
+        self.writer = StateWriter(self.state_dir,
+                                  background=os.environ.get(SYNC_ENV, "0") in ("", "0"))
         ExitWatch.install(self)
 
     def where(self, line: int) -> str:
@@ -76,21 +87,38 @@ class Program:
 
     # -- writing
     def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes]) -> None:
+        """Hand a serialized state to the writer (rank 0 only): the training thread goes on."""
         self.saves += 1
         hook: Callable[[str], None] | None = None
         kill = self.kill_at
-        if kill is not None and kill[0] == self.saves and kill[1] != "after":
+        if kill is not None and kill[0] == self.saves and kill[1] not in ("after", IN_FLIGHT):
             point = kill[1]
 
             def hook(step: str) -> None:
                 if step == point:
                     os.kill(os.getpid(), signal.SIGKILL)
+        elif kill is not None and kill == (self.saves, IN_FLIGHT):
+            number, writer = self.saves, self.writer
+
+            def hook(step: str) -> None:
+                if step == "before-rename":
+                    writer.hold_until_overtaken(number)
+                    os.kill(os.getpid(), signal.SIGKILL)
         if self.rank == 0:
             if self.saves == 1:
                 self.state_dir.prepare()
-            self.state_dir.write(header, data, blobs, hook=hook)
+            self.writer.submit(Job(self.saves, header, data, blobs, hook))
+            if kill is not None and not (kill[1] == IN_FLIGHT and self.saves >= kill[0]):
+                self.writer.wait()  # an injected kill lands on a known state
+            elif kill == (self.saves, IN_FLIGHT):
+                self.writer.wait_taken(self.saves)
         if kill is not None and kill == (self.saves, "after"):
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def finish_writes(self, *, completed: bool) -> str | None:
+        """At exit: the write in flight finished (and, unless the program completed, the waiting
+        one); the error of a write that failed, if any."""
+        return self.writer.drain(discard_waiting=completed)
 
     def complete(self) -> None:
         """The program ended normally: its resume state is spent."""
@@ -379,7 +407,7 @@ class Activation:
             "pending": self.pending,
         }
         try:
-            dumped = dumps(payload, anchors, dedup=program.dedup)
+            dumped = dumps(payload, anchors, dedup=program.dedup, memo=program.blob_memo)
         except CheckpointError:
             raise
         except Exception as exc:

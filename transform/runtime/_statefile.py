@@ -159,6 +159,11 @@ class StateDir:
 
     def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes],
               hook: Callable[[str], None] | None = None) -> None:
+        if not self.directory.is_dir():
+            # Removed while the program ran: made again owner-only, and none of the blobs it
+            # held can be taken as written.
+            self.prepare()
+            self.on_disk.clear()
         for digest, content in blobs.items():
             if digest in self.on_disk:
                 continue
