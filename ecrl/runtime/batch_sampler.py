@@ -122,13 +122,17 @@ class GlobalBatchSampler(Sampler[list[int]]):
             hashes = semantics.ids_hashes(block).tolist()
             if self.steps is not None and first + len(rows) > self.steps:
                 del rows[max(0, self.steps - first):]
+            if len(issued) + len(rows) > limit:
+                # Forgotten a block at a time, oldest first (per batch, the check and a delete
+                # from the front of the dict cost as much as the rest of the batch's path).
+                keep = list(issued.items())[len(issued) + len(rows) - limit:]
+                issued.clear()
+                issued.update(keep)
             # rows may be cut at the last step; hashes keeps the block's full length.
             for step, ids, digest in zip(range(first, first + len(rows)), rows, hashes,
                                          strict=False):
                 if not self._tracked:
                     self._next = step + 1
-                if len(issued) >= limit:
-                    del issued[next(iter(issued))]
                 issued[step] = (ids, digest)
                 # A copy: what StepLog compares the logged batch with must be what was issued,
                 # even if the caller changes the list it got (else a hash-only record could

@@ -67,6 +67,22 @@ def test_sampler_yields_this_ranks_shard_and_reshards_at_another_world_size() ->
     assert union == semantics.window(geometry, seed, 11).tolist()
 
 
+def test_the_sampler_remembers_a_bounded_window_of_the_newest_issued_shards() -> None:
+    # 2**20 remembered IDs at 2**13 per shard: the newest 128 shards, whatever the loop reads.
+    d, b = 1 << 16, 1 << 13
+    sampler = ecrl.GlobalBatchSampler(d, b, seed=3, rank=0, world_size=1, steps=1000)
+    geometry = semantics.Geometry(dataset_size=d, global_batch=b)
+    issued = list(sampler)
+    assert len(issued) == 1000
+    remembered = [s for s in range(1000) if sampler.take_issued(s) is not None]
+    assert remembered == list(range(1000 - 128, 1000))
+    sampler = ecrl.GlobalBatchSampler(d, b, seed=3, rank=0, world_size=1, steps=1000)
+    for step, ids in enumerate(sampler):
+        taken = sampler.take_issued(step)
+        assert taken is not None and taken[0] == ids
+        assert taken[1] == semantics.ids_hash(semantics.shard(geometry, 3, step, 0, 1))
+
+
 def test_global_batch_not_divisible_by_world_size_is_one_clear_error() -> None:
     with pytest.raises(SemanticsError, match="global batch 8 is not divisible by world size 3"):
         ecrl.GlobalBatchSampler(100, 8, world_size=3, rank=0)
