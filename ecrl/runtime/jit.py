@@ -147,6 +147,75 @@ def _copy_into(src: Any, dst: Any) -> Any:
     return src  # numbers, strings, None: immutable
 
 
+def _with_buffers(tree: Any, where: dict[int, int], copies: list[torch.Tensor]) -> Any:
+    """``tree`` with every tensor that is a live module buffer (``where``: its storage address
+    to its position) replaced by ``copies[position]``."""
+    if isinstance(tree, torch.Tensor):
+        at = where.get(tree.data_ptr()) if tree.numel() else None
+        return tree if at is None or copies[at].shape != tree.shape else copies[at]
+    if isinstance(tree, dict):
+        return {k: _with_buffers(v, where, copies) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_with_buffers(v, where, copies) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_with_buffers(v, where, copies) for v in tree)
+    return tree
+
+
+class _BoundaryBuffers:
+    """The module buffers (BatchNorm's running statistics, its batch counter) of the state after
+    each of the last two steps.
+
+    Buffers change in the *forward* pass, not in the update: by the time a survivor rescues, its
+    forward of the next step has already moved them (and the copy taken before step c's update
+    holds step c's forward). A checkpoint of "the state after step s" takes the buffers that
+    step s + 1's forward *started* from instead, or a resumed run would apply a replayed step's
+    batch to them twice and end with other running statistics than its uninterrupted twin.
+
+    They are taken by a forward pre-hook on the unwrapped module, the first forward after each
+    boundary: under DDP (``broadcast_buffers``) that is after DDP copied rank 0's buffers into
+    every rank, so any survivor holds the buffers a checkpoint of rank 0 would hold. Before that
+    forward only rank 0's own buffers are those (another rank's were moved by its own batch), so
+    another rank then saves the state after the step before (:meth:`JitCheckpoints._choose`).
+    """
+
+    def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
+        seen: set[int] = set()
+        self.live: list[torch.Tensor] = []
+        for module in modules:
+            for buffer in module.buffers():
+                if buffer.numel() and id(buffer) not in seen:
+                    seen.add(id(buffer))
+                    self.live.append(buffer)
+        self._sets: dict[int, list[torch.Tensor]] = {}
+
+    def take(self, step: int) -> None:
+        """The buffers now belong to the state after ``step`` (its boundary)."""
+        if not self.live:
+            return
+        spare = [s for s in self._sets if s < step - 1]
+        held = self._sets.pop(spare[0]) if spare else None
+        for old in spare[1:]:
+            del self._sets[old]
+        if held is None or any(h.shape != b.shape or h.dtype != b.dtype or h.device != b.device
+                               for h, b in zip(held, self.live, strict=True)):
+            held = [b.detach().clone() for b in self.live]
+        else:
+            torch._foreach_copy_(held, [b.detach() for b in self.live])
+        self._sets[step] = held
+
+    def known(self, step: int) -> bool:
+        return not self.live or step in self._sets
+
+    def state_after(self, tree: Any, step: int) -> Any:
+        """``tree`` (captured now) with the buffers as they were after ``step``."""
+        copies = self._sets.get(step)
+        if copies is None:
+            return tree
+        where = {b.data_ptr(): i for i, b in enumerate(self.live)}
+        return _with_buffers(tree, where, copies)
+
+
 class _KillHook:
     """The ``ECRL_JIT_KILL`` test hook (a real SIGKILL, at a chosen phase of a chosen step)."""
 
@@ -194,6 +263,7 @@ class JitCheckpoints(BlockingCheckpoints):
         self._kill = _KillHook(os.environ.get(KILL_ENV), ctx.rank, ctx.attempt)
         self._handles: list[Any] = []
         self._previous_term: Any = None
+        self._buffers = _BoundaryBuffers(())
 
     # --- wiring (the checkpointer calls these) ---------------------------------------------------
 
@@ -202,6 +272,11 @@ class JitCheckpoints(BlockingCheckpoints):
         """Hook the optimizers (the copy before each update) and torchrun's SIGTERM."""
         self._first = start
         self._reseed = reseed
+        modules = list(modules)
+        self._buffers = _BoundaryBuffers(modules)
+        self._buffers.take(start - 1)  # as restored (or initialised): the state after start - 1
+        for module in modules:
+            self._handles.append(module.register_forward_pre_hook(self._before_forward))
         for optimizer in optimizers:
             self._handles.append(optimizer.register_step_pre_hook(self._before_update))
             if self._kill.step is not None:
@@ -217,12 +292,19 @@ class JitCheckpoints(BlockingCheckpoints):
     def _next_step(self) -> int:
         return self._first if self._completed is None else self._completed + 1  # type: ignore
 
+    def _before_forward(self, *_: Any) -> None:
+        step = self._next_step() - 1
+        if not self._buffers.known(step):
+            self._buffers.take(step)
+
     def _before_update(self, *_: Any) -> None:
         if self._in_update:
             return  # a second optimizer of the same step: the copy is already taken
         self._kill.fire(self._next_step(), "pre-optimizer")
         step = self._next_step() - 1
-        self._shadow = _copy_into(self.ctx.capture([]), self._shadow)
+        # The forward of step + 1 has moved the buffers already: theirs are the boundary's.
+        self._shadow = _copy_into(self._buffers.state_after(self.ctx.capture([]), step),
+                                  self._shadow)
         self._shadow_step = step
         self._in_update = self._defer = True
 
@@ -273,8 +355,9 @@ class JitCheckpoints(BlockingCheckpoints):
     def _choose(self) -> tuple[Any, int | None, str | None, str | None]:
         """(state tree, step, source, why not) of the state to save."""
         live = None if self._in_update else self._completed
-        if live is not None and self._all_logged(live):
-            return self.ctx.capture([]), live, "live", None
+        if live is not None and self._all_logged(live) and (
+                self._buffers.known(live) or self.ctx.rank == 0):
+            return self._buffers.state_after(self.ctx.capture([]), live), live, "live", None
         shadow = self._shadow_step
         if shadow is not None and self._shadow is not None and self._all_logged(shadow):
             return self._shadow, shadow, "previous", None

@@ -95,6 +95,29 @@ def test_jit_phases_replay_at_most_one_step_and_match_the_uninterrupted_run(
     assert metrics["replayed_per_failure"] == [0, 1, 1] and metrics["endings"] == {"jit": 3}
 
 
+# ResNet-18 has BatchNorm: its running statistics change in the forward pass, so by the time a
+# survivor saves, the next step's forward has moved them (and DDP broadcast rank 0's into rank 1
+# at that forward's start).
+JIT_BN = ["--model", "resnet18", "--image-size", "16", "--dataset-size", "128",
+          "--global-batch", "8", "--steps", "12", "--seed", "3", "--world-sizes", "2",
+          "--strategy", "jit", "--ckpt-every", "0", "--max-restarts", "5"]
+
+
+def test_jit_rescues_keep_batchnorm_statistics_exact(runs: RunCache) -> None:
+    reference = _made(runs.get("jit-bn-reference", JIT_BN))
+    # Forward of 3 (rank 0 saves its live state of 2), before 6's update and after 9's (rank 0
+    # saves the copy taken before that update), rank 0 in the forward of 11 (rank 1 saves its
+    # live state of 10): each state's running statistics must be those the next step's forward
+    # started from (rank 0's), not the ones it left.
+    kills = "3:forward:1:0,6:pre-optimizer:1:1,9:post-optimizer:1:2,11:forward:0:3"
+    rescued = _made(runs.get("jit-bn-phases", JIT_BN, env={"ECRL_JIT_KILL": kills}))
+    state = _state(rescued.root)
+    assert [a.resumed_from_step for a in state.attempts] == [None, 2, 5, 8, 10]
+    assert state.extra["endings"]["3"]["jit"]["rank"] == 1
+    _same_as(rescued.root, reference.root)
+    assert _verify(rescued.root)["verdict"] == "PASS"
+
+
 def test_verifier_warns_when_an_ending_replays_more_than_it_promises(
         jit_phases: Run, tmp_path: Path) -> None:
     copy = tmp_path / "run"
