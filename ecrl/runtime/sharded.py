@@ -304,14 +304,14 @@ class ShardedCheckpoints(Strategy):
 
     def _all_rngs(self) -> list[dict[str, Any]]:
         mine = statepack.rng_state()
-        if not self._distributed:
-            return [mine]
+        if self.ctx.world_size == 1:
+            return [mine]  # one rank (torchrun initialises a group of one): nothing to gather
         everyone: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(everyone, mine)
         return everyone
 
     def _same_everywhere(self, tree: Any, entries: list[dict[str, Any]]) -> None:
-        if not self._distributed:
+        if self.ctx.world_size == 1:
             return
         digest = hashlib.sha256(json.dumps([tree, [{k: e[k] for k in ("dtype", "shape")}
                                                    for e in entries]]).encode()).hexdigest()
@@ -352,7 +352,7 @@ class ShardedCheckpoints(Strategy):
     # --- the protocol ----------------------------------------------------------------------------
 
     def _gather(self, obj: Any) -> list[Any]:
-        if not self._distributed:
+        if self.ctx.world_size == 1:
             return [obj]
         out: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
         dist.gather_object(obj, out, dst=0, group=self._group)
