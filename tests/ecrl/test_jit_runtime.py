@@ -102,3 +102,52 @@ def test_endings_name_the_stopped_rank(tmp_path: Path) -> None:
     assert ending.jit is not None and ending.to_dict()["stopped_ranks"] == [1]
     (directory / "deadline.json").write_text(json.dumps({"global_step": 7}))
     assert read_ending(paths, 3, 4).status == "deadline"  # type: ignore[union-attr]
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple)
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_the_copy_before_each_update_is_the_state_after_the_step_before(
+        tmp_path: Path) -> None:
+    from ecrl.contract.semantics import Geometry
+    from ecrl.runtime.strategies import CheckpointContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ctx = CheckpointContext(
+        paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
+        geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
+        max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
+                                              "optimizer": opt.state_dict()},
+        meta=lambda step: {}, optimizers=(opt,))
+    jit = JitCheckpoints(ctx)
+    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+    after: dict[int, object] = {}
+    held: list[torch.Tensor] = []  # every weight copy the shadow held (kept alive: no id reuse)
+    for step in range(6):
+        model(torch.randn(16, 4)).square().mean().backward()  # moves BatchNorm's statistics
+        opt.step()  # the pre-hook copies the state as it was after the step before
+        opt.zero_grad()
+        assert jit._shadow_step == step - 1
+        if step:
+            # Parameters, momentum and the running statistics the forward started from.
+            assert _same(jit._shadow, after[step - 1])
+            assert jit._shadow["model"]["0.weight"].data_ptr() != model[0].weight.data_ptr()
+            if not any(jit._shadow["model"]["0.weight"] is t for t in held):
+                held.append(jit._shadow["model"]["0.weight"])
+        jit.step_completed(step)
+        jit.boundary_done()
+        after[step] = _copy_into({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                                 None)
+    assert len(held) == 1  # the copies are allocated once
+    jit.close()
