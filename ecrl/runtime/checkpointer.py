@@ -88,7 +88,11 @@ def seed_all(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    # torch.manual_seed's effect on the generators ECRL runs on, without its per-call imports of
+    # every backend (55 µs against 2 µs: jit reseeds at every step boundary).
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)  # queued until CUDA initialises, as manual_seed does
 
 
 def rank_seed(seed: int, rank: int, step: int) -> int:

@@ -151,3 +151,23 @@ def test_the_copy_before_each_update_is_the_state_after_the_step_before(
                                  None)
     assert len(held) == 1  # the copies are allocated once
     jit.close()
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3, 2**63 - 1])
+def test_seed_all_sets_the_generators_as_their_own_seeding_does(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    from ecrl.runtime.checkpointer import seed_all
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    expected = (random.random(), np.random.random(), torch.rand(4))
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    seed_all(seed)
+    got = (random.random(), np.random.random(), torch.rand(4))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
