@@ -64,6 +64,17 @@ def _strategy(root: Path, job: _Job, *, optimizers: bool = True) -> OverlappedCh
     return OverlappedCheckpoints(ctx)
 
 
+def _after_two_steps(root: Path, *, optimizers: bool = True
+                     ) -> tuple[_Job, OverlappedCheckpoints, dict[str, Any]]:
+    """A job two steps in, its strategy prepared, and a copy of its state at that boundary."""
+    job = _Job()
+    strategy = _strategy(root, job, optimizers=optimizers)
+    job.step()
+    strategy.prepare()
+    job.step()
+    return job, strategy, job.boundary_copy()
+
+
 def _saved(root: Path, step: int) -> dict[str, Any]:
     ckpt = read_verified(RunPaths.of(root).checkpoints / f"step-{step:08d}.ckpt")
     tree = statepack.decode(ckpt)
@@ -118,12 +129,7 @@ def test_split_defers_only_optimizer_driven_tensors() -> None:
 
 
 def test_pipelined_checkpoint_is_the_boundary_state_exactly(tmp_path: Path) -> None:
-    job = _Job()
-    strategy = _strategy(tmp_path, job)
-    job.step()
-    strategy.prepare()
-    job.step()
-    expected = job.boundary_copy()
+    job, strategy, expected = _after_two_steps(tmp_path)
     strategy.checkpoint(1)
     assert strategy._pipeline is not None and strategy._pipeline.pending is not None
     # The next step: its forward pass changes BatchNorm's statistics, its update every
@@ -143,12 +149,7 @@ def test_pipelined_checkpoint_is_the_boundary_state_exactly(tmp_path: Path) -> N
 def test_the_update_waits_for_the_copy(tmp_path: Path,
                                        gate: tuple[threading.Event, list[str]]) -> None:
     release, order = gate
-    job = _Job()
-    strategy = _strategy(tmp_path, job)
-    job.step()
-    strategy.prepare()
-    job.step()
-    expected = job.boundary_copy()
+    job, strategy, expected = _after_two_steps(tmp_path)
     job.opt.register_step_post_hook(lambda *_: order.append("step"))
     strategy.checkpoint(1)
     job.forward_backward()  # does not wait: the copy is still held back
@@ -164,11 +165,7 @@ def test_an_in_place_write_during_the_copy_drops_the_checkpoint(
         tmp_path: Path, gate: tuple[threading.Event, list[str]],
         capsys: pytest.CaptureFixture[str]) -> None:
     release, _ = gate
-    job = _Job()
-    strategy = _strategy(tmp_path, job)
-    job.step()
-    strategy.prepare()
-    job.step()
+    job, strategy, _ = _after_two_steps(tmp_path)
     strategy.checkpoint(1)
     with torch.no_grad():  # a user's clamp before the next update, while the copy is pending
         job.model[0].weight.clamp_(-0.01, 0.01)
@@ -194,12 +191,7 @@ def test_an_in_place_write_during_the_copy_drops_the_checkpoint(
 
 
 def test_a_state_without_an_optimizer_is_copied_at_the_boundary(tmp_path: Path) -> None:
-    job = _Job()
-    strategy = _strategy(tmp_path, job, optimizers=False)
-    job.step()
-    strategy.prepare()
-    job.step()
-    expected = job.boundary_copy()
+    job, strategy, expected = _after_two_steps(tmp_path, optimizers=False)
     strategy.checkpoint(1)
     assert strategy._pipeline is None
     job.step()
