@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-o", "--output", metavar="OUT", help="write the transformed program here")
     out.add_argument("--in-place", action="store_true", help="rewrite SRC")
     out.add_argument("--diff", action="store_true", help="print a unified diff")
-    out.add_argument("--explain", action="store_true", help="show the schedule and live sets")
+    parser.add_argument("--explain", action="store_true",
+                        help="show the schedule and live sets (with -o or --in-place, and write)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if SRC (or OUT, with -o) would change")
     parser.add_argument("--format", choices=["text", "json"], default="text")
@@ -74,6 +75,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.check and (args.in_place or args.diff or args.explain):
         print("ecrl-transform: error: --check goes alone or with -o OUT", file=sys.stderr)
         return EXIT_ERROR
+    if args.explain and args.diff:
+        print("ecrl-transform: error: --explain and --diff both print to stdout: use one, or "
+              "--explain with -o OUT", file=sys.stderr)
+        return EXIT_ERROR
     path = Path(args.src)
     try:
         source = path.read_text(encoding="utf-8")
@@ -112,7 +117,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"warning: {warning.render()}", file=sys.stderr)
     if args.explain:
         print(explain_json(result) if args.format == "json" else explain_text(result))
-        return EXIT_OK
+        if not (args.output or args.in_place):
+            return EXIT_OK  # the report alone: the program is not printed after it
     from transform.codegen import generate
 
     try:

@@ -185,6 +185,20 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, case: str) -> None:
         assert out.stdout == "" and not (tmp_path / "out.py").exists()
 
 
+def test_explain_with_output_reports_and_writes(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    alone = run("train.py", "--explain", cwd=tmp_path)
+    both = run("train.py", "--explain", "-o", "out.py", cwd=tmp_path)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout == alone.stdout  # the same report, and only the report, on stdout
+    written = run("train.py", "-o", "plain.py", cwd=tmp_path)
+    assert written.returncode == 0
+    assert (tmp_path / "out.py").read_text() == (tmp_path / "plain.py").read_text()
+    clash = run("train.py", "--explain", "--diff", cwd=tmp_path)
+    assert clash.returncode == 2 and clash.stdout == ""
+    assert clash.stderr.count("\n") == 1 and "--explain" in clash.stderr
+
+
 def test_columns_count_characters_not_bytes() -> None:
     from transform.analysis import AnalysisFailure, analyze
 
