@@ -193,15 +193,13 @@ class _BoundaryBuffers:
         """The buffers now belong to the state after ``step`` (its boundary)."""
         if not self.live:
             return
-        spare = [s for s in self._sets if s < step - 1]
-        held = self._sets.pop(spare[0]) if spare else None
-        for old in spare[1:]:
-            del self._sets[old]
+        # Two sets at most (steps s - 1 and s): the older one is written again.
+        held = self._sets.pop(min(self._sets)) if len(self._sets) >= 2 else None
         if held is None or any(h.shape != b.shape or h.dtype != b.dtype or h.device != b.device
                                for h, b in zip(held, self.live, strict=True)):
             held = [b.detach().clone() for b in self.live]
         else:
-            torch._foreach_copy_(held, [b.detach() for b in self.live])
+            torch._foreach_copy_(held, self.live)
         self._sets[step] = held
 
     def known(self, step: int) -> bool:

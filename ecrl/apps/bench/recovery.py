@@ -18,7 +18,6 @@ Two ranks, because ``jit`` saves from the rank that survives.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.contract.runformat import JsonlReader, RunPaths, StepRecord
 from ecrl.runtime.runconfig import RunConfig
 
 __all__ = ["run"]
@@ -77,9 +77,8 @@ class _Measured:
 
 def _median_step_s(run: Path) -> float:
     """Median time between rank 0's consecutive steps in the first attempt."""
-    times = [json.loads(line)["time"]
-             for line in (run / "logs" / "attempt-000" / "rank-000.jsonl").read_text().splitlines()
-             if line.endswith("}")]
+    log = JsonlReader(RunPaths.of(run).rank_log(0, 0), StepRecord, torn_tail_ok=True)
+    times = [record.time for _, record in log]
     gaps = sorted(b - a for a, b in itertools.pairwise(times))
     return gaps[len(gaps) // 2] if gaps else 0.0
 
