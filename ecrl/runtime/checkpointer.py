@@ -160,6 +160,14 @@ class Checkpointer:
         if self.strategy_name not in built_strategies():
             raise ConfigError(f"Checkpointer(strategy={self.strategy_name!r}): choose one of "
                               f"{', '.join(built_strategies())}")
+        loaders = [k for k, o in self.state.items() if isinstance(o, torch.utils.data.DataLoader)]
+        if self.strategy_name == "jit" and loaders:
+            # A rescue saves mid-step: a loader has fetched (and prefetched) batches past the
+            # step being saved, and its resumed position would skip them.
+            raise ConfigError(
+                f"Checkpointer(strategy='jit'): {loaders[0]!r} is a DataLoader, whose position "
+                "moves ahead of the step a rescue saves; checkpoint its sampler "
+                "(ecrl.GlobalBatchSampler) instead, or use another strategy")
         self.every = int(_pick(env and env.ckpt_every, every, 0))
         if self.strategy_name == "none":
             self.every = 0

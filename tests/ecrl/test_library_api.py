@@ -235,6 +235,15 @@ def test_checkpointer_refuses_non_stateful_values_and_the_reserved_key(tmp_path:
         ecrl.Checkpointer({"rng": torch.nn.Linear(1, 1)}, run_dir=tmp_path)
 
 
+def test_jit_refuses_a_dataloader_among_the_checkpointed_state(tmp_path: Path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(Squares(16), batch_size=4)
+    with pytest.raises(ConfigError, match="'loader' is a DataLoader"):
+        ecrl.Checkpointer({"loader": loader}, run_dir=tmp_path, strategy="jit")
+    ecrl.Checkpointer({"loader": loader}, run_dir=tmp_path, strategy="blocking")  # allowed
+
+
 def test_the_strategy_registry_is_the_one_source(tmp_path: Path) -> None:
     assert registry.strategy_names() == STRATEGIES  # the run format's vocabulary, no other
     for name in registry.built_strategies():
