@@ -102,9 +102,13 @@ def blocking_run(runs: RunCache) -> Run:
 
 @pytest.fixture(scope="session")
 def overlapped_run(runs: RunCache) -> Run:
-    """Overlapped checkpoints, failures after steps 9 and 21 (rank 1 fails), full IDs."""
+    """Overlapped checkpoints, failures after steps 9 and 21 (rank 1 fails), full IDs.
+
+    One checkpoint in flight at most, so each failure resumes from a checkpoint however loaded
+    the machine: the snapshot after step 7 waits until step 3's checkpoint is durable."""
     return _made(runs.get("overlapped", [*TINY, "--world-sizes", "2", "--strategy", "overlapped",
-                                         "--fail-at", "9,21", "--fail-rank", "1", "--log-ids"]))
+                                         "--max-inflight", "1", "--fail-at", "9,21",
+                                         "--fail-rank", "1", "--log-ids"]))
 
 
 @pytest.fixture(scope="session")
