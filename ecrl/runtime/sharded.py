@@ -11,8 +11,8 @@ knows nothing of ``latest.json``. Per checkpoint at step ``c``
 (:meth:`ShardedCheckpoints._persist`):
 
 1. rank 0 creates ``checkpoints/.step-C.dcp.aA.tmp/``; barrier;
-2. every rank writes its part (DCP, fsync'd), hashes it and fsyncs the directory; rank 0 (DCP's
-   coordinator) writes ``.metadata``;
+2. every rank writes its part (DCP, fsync'd; hashed as it is written) and fsyncs the
+   directory; rank 0 (DCP's coordinator) writes ``.metadata``;
 3. the parts' sizes and SHA-256 are gathered to rank 0, which hashes ``.metadata`` and writes
    ``ecrl-manifest.json`` (atomically, fsync'd, directory fsync'd): the checkpoint's checksum is
    the manifest's hash (:mod:`ecrl.contract.shardfile`);
@@ -50,23 +50,28 @@ import shutil
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+)
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
 from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
-from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
 from ecrl.contract.shardfile import (
     MANIFEST,
@@ -111,14 +116,77 @@ class _Crash:
         return self.point == point
 
 
+class _HashingStream:
+    """A file DCP writes its part into, hashed on the way (SHA-256 and size of every byte).
+
+    DCP writes a part front to back (``tell`` for offsets, ``write``, ``flush``, ``fsync``), so
+    the digest of what passed through is the digest of the file: no second pass reads the part
+    back from the page cache to checksum it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        written = self.raw.write(view)
+        if written != len(view):  # a buffered file writes all or raises; anything else is a bug
+            raise OSError(errno.EIO, f"short write of a checkpoint part ({written} of "
+                                     f"{len(view)} bytes)")
+        self.size += written
+        return written
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system whose new files are hashed as they are written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, tuple[str, int]] = {}
+        """File name → (``sha256:<hex>``, size) of every file written whole."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with open(path, "wb") as raw:
+            hashing = _HashingStream(raw)
+            yield hashing
+        self.digests[Path(path).name] = (f"{CHECKSUM_ALGORITHM}:{hashing.sha256.hexdigest()}",
+                                         hashing.size)
+
+
 class _Writer(FileSystemWriter):
-    """DCP's file writer, remembering the files this rank wrote; crash points for tests."""
+    """DCP's file writer, remembering the files this rank wrote and their digests (taken while
+    writing); crash points for tests."""
 
     def __init__(self, path: Path, crash: _Crash) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1,
                          overwrite=True)
+        self.fs: _HashingFileSystem = _HashingFileSystem()
         self.crash = crash
         self.written: list[str] = []
+
+    def part_digests(self) -> dict[str, dict[str, Any]]:
+        """``{part: {"checksum", "size"}}`` of the parts this rank wrote."""
+        return {part: dict(zip(("checksum", "size"), self.fs.digests[part], strict=True))
+                for part in self.written}
 
     def write_data(self, plan: Any, planner: Any) -> TorchFuture[list[WriteResult]]:
         if self.crash.armed(DISK_FULL_POINT):
@@ -381,8 +449,7 @@ class ShardedCheckpoints(Strategy):
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
                 dcp.save(job.tensors, storage_writer=writer, process_group=self._group,
                          no_dist=not self._distributed)
-            mine = {part: dict(zip(("checksum", "size"), file_checksum(tmp / part),
-                                   strict=True)) for part in writer.written}
+            mine = writer.part_digests()
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
             problem = _disk_problem(exc)
