@@ -6,12 +6,19 @@ ECRL's manifest of checksums.
     checkpoints/step-GGGGGGGG.dcp/
         __0_0.distcp, __1_0.distcp, …   DCP's data files, one per writing rank
         .metadata                       DCP's index of every tensor (written by rank 0)
-        ecrl-manifest.json              {"format", "version", "meta", "tree", "tensors", "parts"}
+        ecrl-manifest.json              {"format", "version", "meta", "tree", "tensors", "chunks",
+                                         "parts"}
 
-The manifest is written last, after every part and DCP's metadata are durable; ``parts`` maps
-every other file of the directory to its size and SHA-256, ``tree``/``tensors`` are the
-StatePack tree of the state (:mod:`ecrl.runtime.statepack`) whose tensor ``i`` is the DCP entry
-``t{i:05d}``. The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the
+The state's tensors are packed into a few byte *chunks* (about one per writing rank), each a DCP
+entry ``c{k:03d}`` of dtype uint8: DCP's planner gives each replicated entry to one rank, so the
+ranks still write equal shares, and DCP handles a few large entries instead of hundreds of small
+ones (each costs it a ``torch.save`` call, a plan item and a metadata record; ResNet-50 has
+~480 tensors). ``tree``/``tensors`` are the StatePack tree of the
+state (:mod:`ecrl.runtime.statepack`); tensor ``i`` lies in chunk ``tensors[i]["chunk"]`` at byte
+``tensors[i]["offset"]`` (aligned to :data:`ALIGN`), and ``chunks[k]["nbytes"]`` is chunk ``k``'s
+size (:func:`pack_chunks` plans it). The manifest is written last, after every part and DCP's
+metadata are durable; ``parts`` maps every other file of the directory to its size and SHA-256.
+The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the
 manifest's bytes, so one checksum covers every part. Verifying a checkpoint
 (:func:`read_verified_shards`) reads the manifest, checks that checksum, then every part's size
 and hash, before DCP touches a byte: DCP's ``.metadata`` is a pickle, and it is only unpickled
@@ -23,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,20 +42,49 @@ from ecrl.contract.ckptfile import (
     parse_format_document,
 )
 
-__all__ = ["SUFFIX", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "tensor_key",
-           "file_checksum", "encode_manifest", "VerifiedShards", "read_verified_shards"]
+__all__ = ["SUFFIX", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "ALIGN",
+           "chunk_key", "pack_chunks", "file_checksum", "encode_manifest", "VerifiedShards",
+           "read_verified_shards"]
 
 SUFFIX = ".dcp"
 MANIFEST = "ecrl-manifest.json"
 METADATA_FILE = ".metadata"
 FORMAT_NAME = "ecrl-dcp"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: tensors packed into chunks (1 had one DCP entry per tensor)."""
+ALIGN = 64
+"""Byte alignment of every tensor inside its chunk (any dtype's view of the bytes is aligned)."""
 _CHUNK = 1 << 22
 
 
-def tensor_key(index: int) -> str:
-    """The DCP key of StatePack tensor ``index``."""
-    return f"t{index:05d}"
+def chunk_key(index: int) -> str:
+    """The DCP key of chunk ``index``."""
+    return f"c{index:03d}"
+
+
+def pack_chunks(sizes: Sequence[int], parts: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Place tensors of ``sizes`` bytes, in order, into at most ``parts`` chunks of about equal
+    size, cutting only between tensors (a tensor is never split, so each is one view of one
+    chunk). Returns each tensor's (chunk, offset) and each chunk's size (one chunk at least
+    when there is a tensor; only zero-byte tensors make an empty chunk)."""
+    aligned = [-(-max(0, int(n)) // ALIGN) * ALIGN for n in sizes]
+    total = sum(aligned)
+    places: list[tuple[int, int]] = []
+    chunks: list[int] = []
+    before = 0  # bytes placed in earlier chunks
+    for size in aligned:
+        if not chunks:
+            chunks.append(0)
+        # Close the current chunk when this tensor would end nearer the next share's border
+        # than the chunk's own end is to it now.
+        border = total * len(chunks) / max(1, parts)
+        if len(chunks) < parts and chunks[-1] and \
+                abs(before + chunks[-1] + size - border) > abs(before + chunks[-1] - border):
+            before += chunks[-1]
+            chunks.append(0)
+        places.append((len(chunks) - 1, chunks[-1]))
+        chunks[-1] += size
+    return places, chunks
 
 
 def file_checksum(path: str | os.PathLike[str]) -> tuple[str, int]:
@@ -62,10 +99,12 @@ def file_checksum(path: str | os.PathLike[str]) -> tuple[str, int]:
 
 
 def encode_manifest(*, meta: dict[str, Any], tree: Any, tensors: list[dict[str, Any]],
-                    parts: dict[str, dict[str, Any]]) -> bytes:
+                    chunks: list[int], parts: dict[str, dict[str, Any]]) -> bytes:
     """The manifest's bytes (its SHA-256 is the checkpoint's checksum)."""
     return json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, "meta": meta,
-                       "tree": tree, "tensors": tensors, "parts": parts},
+                       "tree": tree, "tensors": tensors,
+                       "chunks": [{"key": chunk_key(k), "nbytes": n} for k, n in enumerate(chunks)],
+                       "parts": parts},
                       separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 

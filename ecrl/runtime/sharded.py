@@ -50,7 +50,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -62,6 +62,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (
     FileSystem,
     FileSystemReader,
@@ -78,9 +79,10 @@ from ecrl.contract.shardfile import (
     METADATA_FILE,
     SUFFIX,
     VerifiedShards,
+    chunk_key,
     encode_manifest,
     file_checksum,
-    tensor_key,
+    pack_chunks,
 )
 from ecrl.runtime import statepack
 from ecrl.runtime.persist import CRASH_EXIT_CODE, DISK_FULL_POINT, CrashHook, apply_retention
@@ -250,15 +252,13 @@ class _Reader(FileSystemReader):
 def load(ckpt: VerifiedShards) -> Any:
     """The state tree of a verified sharded checkpoint (CPU tensors), at any world size."""
     entries: list[dict[str, Any]] = ckpt.manifest["tensors"]
-    targets: dict[str, torch.Tensor] = {}
-    for index, entry in enumerate(entries):
-        if entry.get("kind") == "numpy":
-            targets[tensor_key(index)] = torch.empty(int(entry["nbytes"]), dtype=torch.uint8)
-            continue
-        dtype = getattr(torch, str(entry["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
-        targets[tensor_key(index)] = torch.empty(tuple(entry["shape"]), dtype=dtype)
+    try:
+        targets = {str(c["key"]): torch.empty(int(c["nbytes"]), dtype=torch.uint8)
+                   for c in ckpt.manifest["chunks"]}
+        chunks = [targets[chunk_key(int(e["chunk"]))] for e in entries]
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{ckpt.path}: the manifest does not say where its tensors lie"
+                              ) from None
     try:
         with warnings.catch_warnings():
             # "assuming the intent is to load in a single process": it is (every rank loads all).
@@ -267,13 +267,25 @@ def load(ckpt: VerifiedShards) -> Any:
     except CheckpointException as exc:
         raise CheckpointError(f"{ckpt.path}: DCP could not load it ({_first_line(exc)})") from None
 
+    def raw(index: int) -> torch.Tensor:
+        entry = entries[index]
+        return chunks[index].narrow(0, int(entry["offset"]), int(entry["nbytes"]))
+
+    def tensor(index: int) -> torch.Tensor:
+        entry = entries[index]
+        dtype = getattr(torch, str(entry["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
+        shape = tuple(entry["shape"])
+        if not int(entry["nbytes"]):
+            return torch.empty(shape, dtype=dtype)
+        return raw(index).view(dtype).view(shape).clone()
+
     def array(index: int) -> np.ndarray:
         entry = entries[index]
-        raw = targets[tensor_key(index)].numpy()
-        return raw.view(np.dtype(entry["dtype"])).reshape(entry["shape"]).copy()
+        return raw(index).numpy().view(np.dtype(entry["dtype"])).reshape(entry["shape"]).copy()
 
-    return statepack.rebuild(ckpt.manifest["tree"], tensor=lambda i: targets[tensor_key(i)],
-                             array=array)
+    return statepack.rebuild(ckpt.manifest["tree"], tensor=tensor, array=array)
 
 
 def _unwrap_failures(exc: BaseException) -> list[BaseException]:
@@ -309,16 +321,44 @@ def _done_event() -> threading.Event:
     return event
 
 
+def _placed(chunks: list[torch.Tensor], place: tuple[int, int], like: torch.Tensor
+            ) -> torch.Tensor:
+    """The view of ``chunks`` at ``place`` (chunk, byte offset) shaped as ``like``."""
+    chunk, offset = place
+    nbytes = like.numel() * like.element_size()
+    return chunks[chunk].narrow(0, offset, nbytes).view(like.dtype).view(like.shape)
+
+
+class _FillingPlanner(DefaultSavePlanner):
+    """DCP's planner that copies a chunk's tensors into it when DCP asks for the chunk's data:
+    only for the chunks this rank writes (DCP's plan gives each chunk to one rank), so a rank
+    copies its share of the state, not all of it."""
+
+    def __init__(self, fill: Callable[[str], None]) -> None:
+        super().__init__()
+        self._fill = fill
+
+    def resolve_data(self, write_item: Any) -> Any:
+        self._fill(write_item.index.fqn)
+        return super().resolve_data(write_item)
+
+
 @dataclass(slots=True)
 class _Job:
     """One checkpoint on its way to disk."""
 
     step: int
     tensors: dict[str, torch.Tensor]
+    """The state's tensors by key (``sharded``: the live ones; async: views of ``chunks``)."""
     tree: Any
     entries: list[dict[str, Any]]
+    """Manifest entries, one per tensor, with its chunk and offset."""
+    places: list[tuple[int, int]]
+    chunk_sizes: list[int]
     meta: dict[str, Any]
     snapshot_s: float
+    chunks: list[torch.Tensor] | None = None
+    """The filled chunks (async staging); None: filled from ``tensors`` while DCP writes."""
     backpressure_s: float = 0.0
     stall_s: float = 0.0
     staging: int | None = None
@@ -361,6 +401,9 @@ class ShardedCheckpoints(Strategy):
         self._hook = CrashHook.from_env(attempt=ctx.attempt)
         self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
         self._group: Any = None
+        self._chunk_buffers: list[torch.Tensor] = []
+        """``sharded``: the chunks DCP writes from, kept from one checkpoint to the next (only
+        this rank's share of them is ever filled, so only that share takes memory)."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -400,14 +443,19 @@ class ShardedCheckpoints(Strategy):
         state = statepack.encode(self.ctx.capture(self._all_rngs()), meta={})
         self._same_everywhere(state.tree, state.entries)
         tensors: dict[str, torch.Tensor] = {}
+        places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in state.entries],
+                                          self.ctx.world_size)
         entries = []
-        for index, (value, entry) in enumerate(zip(state.tensors, state.entries, strict=True)):
+        for index, (value, entry, (chunk, offset)) in enumerate(
+                zip(state.tensors, state.entries, places, strict=True)):
             if isinstance(value, np.ndarray):
                 value = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
-            tensors[tensor_key(index)] = value
-            entries.append({k: v for k, v in entry.items() if k != "offset"})
-        return _Job(step=step, tensors=tensors, tree=state.tree, entries=entries,
-                    meta=self.ctx.meta(step), snapshot_s=time.perf_counter() - t0)
+            tensors[f"t{index:05d}"] = value
+            entries.append({**{k: v for k, v in entry.items() if k != "offset"},
+                            "chunk": chunk, "offset": offset})
+        return _Job(step=step, tensors=tensors, tree=state.tree, entries=entries, places=places,
+                    chunk_sizes=chunk_sizes, meta=self.ctx.meta(step),
+                    snapshot_s=time.perf_counter() - t0)
 
     def checkpoint(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -444,10 +492,11 @@ class ShardedCheckpoints(Strategy):
             dist.barrier(group=self._group)
         crash.at("before-parts")
         writer = _Writer(tmp, crash)
+        chunks, planner = self._dcp_state(job)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
-                dcp.save(job.tensors, storage_writer=writer, process_group=self._group,
+                dcp.save(chunks, storage_writer=writer, planner=planner, process_group=self._group,
                          no_dist=not self._distributed)
             mine = writer.part_digests()
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
@@ -470,6 +519,7 @@ class ShardedCheckpoints(Strategy):
         checksum, size = file_checksum(tmp / METADATA_FILE)
         parts[METADATA_FILE] = {"checksum": checksum, "size": size}
         manifest = encode_manifest(meta=job.meta, tree=job.tree, tensors=job.entries,
+                                   chunks=job.chunk_sizes,
                                    parts=parts)
         try:
             atomic_write_bytes(tmp / MANIFEST, manifest)
@@ -513,6 +563,27 @@ class ShardedCheckpoints(Strategy):
         crash.at("after-pointer")
         apply_retention(directory, latest_step=job.step, keep=ctx.keep)
 
+    def _dcp_state(self, job: _Job) -> tuple[dict[str, torch.Tensor], DefaultSavePlanner]:
+        """What DCP saves (the chunks by key) and the planner that fills them."""
+        if job.chunks is not None:  # staged and filled already (async)
+            return ({chunk_key(k): c for k, c in enumerate(job.chunks)},
+                    DefaultSavePlanner())
+        if [c.numel() for c in self._chunk_buffers] != job.chunk_sizes:
+            self._chunk_buffers = [torch.empty(n, dtype=torch.uint8) for n in job.chunk_sizes]
+        chunks = self._chunk_buffers
+        members: dict[str, list[str]] = collections.defaultdict(list)
+        for key, (chunk, _offset) in zip(job.tensors, job.places, strict=True):
+            members[chunk_key(chunk)].append(key)
+        place = dict(zip(job.tensors, job.places, strict=True))
+
+        def fill(name: str) -> None:
+            for key in members.get(name, ()):
+                tensor = job.tensors[key]
+                if tensor.numel():
+                    _placed(chunks, place[key], tensor).copy_(tensor)
+
+        return {chunk_key(k): c for k, c in enumerate(chunks)}, _FillingPlanner(fill)
+
     def _agree(self, job: _Job) -> bool:
         """Whether every rank's copy of the job's state is complete and exact."""
         return True
@@ -532,7 +603,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         super().__init__(ctx)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-sharded")
         self._inflight: collections.deque[tuple[Future[None], _Job]] = collections.deque()
-        self._staging: list[dict[str, torch.Tensor]] = []
+        self._staging: list[tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]]] = []
+        """Per staging set: (layout, chunks, the tensors' views of the chunks)."""
         self._free: list[int] = []
         # The copy of parameters and optimizer state runs under the next step, as for
         # ``overlapped`` (:mod:`ecrl.runtime.pipeline`); the commit waits for it.
@@ -555,28 +627,30 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._settle(*self._inflight.popleft())
         return time.perf_counter() - t0
 
-    def _stage(self, tensors: dict[str, torch.Tensor], later: frozenset[str] = frozenset()
-               ) -> tuple[int, dict[str, torch.Tensor]]:
-        """CPU staging buffers for ``tensors``, filled except for the keys in ``later``."""
+    def _stage(self, job: _Job, later: frozenset[str] = frozenset()) -> None:
+        """Copy the job's tensors into a free set of CPU chunks, except the keys in ``later``;
+        the job then holds the chunks and its tensors become their views."""
         pin = torch.cuda.is_available()
+        layout = (job.chunk_sizes, job.places,
+                  [(t.dtype, t.shape) for t in job.tensors.values()])
         if self._free:
             index = self._free.pop()
         else:
             index = len(self._staging)
-            self._staging.append({})
-        buffers = self._staging[index]
-        for key, value in tensors.items():
-            held = buffers.get(key)
-            if held is None or held.shape != value.shape or held.dtype != value.dtype:
-                held = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
-                buffers[key] = held
+            self._staging.append((None, [], {}))
+        if self._staging[index][0] != layout:
+            chunks = [torch.empty(n, dtype=torch.uint8, pin_memory=pin)
+                      for n in job.chunk_sizes]
+            views = {key: _placed(chunks, place, tensor) for (key, tensor), place
+                     in zip(job.tensors.items(), job.places, strict=True)}
+            self._staging[index] = (layout, chunks, views)
+        _layout, chunks, views = self._staging[index]
+        for key, value in job.tensors.items():
             if key not in later:
-                held.copy_(value, non_blocking=pin and value.is_cuda)
+                views[key].copy_(value, non_blocking=pin and value.is_cuda)
         if pin:
             torch.cuda.synchronize()
-        for key in [k for k in buffers if k not in tensors]:
-            del buffers[key]
-        return index, dict(buffers)
+        job.staging, job.chunks, job.tensors = index, chunks, dict(views)
 
     def _deferrable(self, tensors: dict[str, torch.Tensor]) -> list[str]:
         if self._pipeline is None or self._synchronous:
@@ -597,7 +671,7 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         t1 = time.perf_counter()
         sources = job.tensors
         later = self._deferrable(sources)
-        job.staging, job.tensors = self._stage(sources, frozenset(later))
+        self._stage(job, frozenset(later))
         deferred = None
         if later:
             assert self._pipeline is not None

@@ -4,6 +4,7 @@ Real files, real DCP; the multi-rank runs are in tests/integration/test_sharded_
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -103,6 +104,12 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
     latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
     manifest = json.loads((directory / MANIFEST).read_text())
     assert set(manifest["parts"]) == {"__0_0.distcp", ".metadata"}
+    # one writer, one chunk: every tensor packed into c000 at an aligned offset of its own
+    assert manifest["version"] == 2 and [c["key"] for c in manifest["chunks"]] == ["c000"]
+    spans = sorted((e["offset"], e["offset"] + e["nbytes"]) for e in manifest["tensors"])
+    assert all(e["chunk"] == 0 and e["offset"] % 64 == 0 for e in manifest["tensors"])
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert spans[-1][1] <= manifest["chunks"][0]["nbytes"]
     for name, info in manifest["parts"].items():
         assert file_checksum(directory / name) == (info["checksum"], info["size"])
     checked = read_verified_shards(directory, expected_checksum=latest["checksum"])
