@@ -13,13 +13,13 @@ The state's tensors are packed into a few byte *chunks* (about one per writing r
 entry ``c{k:03d}`` of dtype uint8: DCP's planner gives each replicated entry to one rank, so the
 ranks still write equal shares, and DCP handles a few large entries instead of hundreds of small
 ones (each costs it a ``torch.save`` call, a plan item and a metadata record; ResNet-50 has
-~480 tensors). ``tree``/``tensors`` are the StatePack tree of the
-state (:mod:`ecrl.runtime.statepack`); tensor ``i`` lies in chunk ``tensors[i]["chunk"]`` at byte
+~480 tensors). ``tree``/``tensors`` are the StatePack tree of the state
+(:mod:`ecrl.runtime.statepack`); tensor ``i`` lies in chunk ``tensors[i]["chunk"]`` at byte
 ``tensors[i]["offset"]`` (aligned to :data:`ALIGN`), and ``chunks[k]["nbytes"]`` is chunk ``k``'s
 size (:func:`pack_chunks` plans it). The manifest is written last, after every part and DCP's
 metadata are durable; ``parts`` maps every other file of the directory to its size and SHA-256.
-The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the
-manifest's bytes, so one checksum covers every part. Verifying a checkpoint
+The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the manifest's
+bytes, so one checksum covers every part. Verifying a checkpoint
 (:func:`read_verified_shards`) reads the manifest, checks that checksum, then every part's size
 and hash, before DCP touches a byte: DCP's ``.metadata`` is a pickle, and it is only unpickled
 (by a restricted unpickler) once it is known to be the one the run wrote.
@@ -70,11 +70,9 @@ def pack_chunks(sizes: Sequence[int], parts: int) -> tuple[list[tuple[int, int]]
     aligned = [-(-max(0, int(n)) // ALIGN) * ALIGN for n in sizes]
     total = sum(aligned)
     places: list[tuple[int, int]] = []
-    chunks: list[int] = []
+    chunks: list[int] = [0] if aligned else []
     before = 0  # bytes placed in earlier chunks
     for size in aligned:
-        if not chunks:
-            chunks.append(0)
         # Close the current chunk when this tensor would end nearer the next share's border
         # than the chunk's own end is to it now.
         border = total * len(chunks) / max(1, parts)

@@ -184,6 +184,8 @@ class _Writer(FileSystemWriter):
         self.fs: _HashingFileSystem = _HashingFileSystem()
         self.crash = crash
         self.written: list[str] = []
+        self.entries: set[str] = set()
+        """The DCP entries (chunks) this rank wrote."""
 
     def part_digests(self) -> dict[str, dict[str, Any]]:
         """``{part: {"checksum", "size"}}`` of the parts this rank wrote."""
@@ -198,6 +200,7 @@ class _Writer(FileSystemWriter):
         future = super().write_data(plan, planner)
         results = future.wait()
         self.written = sorted({r.storage_data.relative_path for r in results})
+        self.entries = {r.index.fqn for r in results}
         self.crash.at("after-parts")
         return future
 
@@ -271,21 +274,7 @@ def load(ckpt: VerifiedShards) -> Any:
         entry = entries[index]
         return chunks[index].narrow(0, int(entry["offset"]), int(entry["nbytes"]))
 
-    def tensor(index: int) -> torch.Tensor:
-        entry = entries[index]
-        dtype = getattr(torch, str(entry["dtype"]), None)
-        if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
-        shape = tuple(entry["shape"])
-        if not int(entry["nbytes"]):
-            return torch.empty(shape, dtype=dtype)
-        return raw(index).view(dtype).view(shape).clone()
-
-    def array(index: int) -> np.ndarray:
-        entry = entries[index]
-        return raw(index).numpy().view(np.dtype(entry["dtype"])).reshape(entry["shape"]).copy()
-
-    return statepack.rebuild(ckpt.manifest["tree"], tensor=tensor, array=array)
+    return statepack.rebuild_from_bytes(ckpt.manifest["tree"], entries, raw, where=ckpt.path)
 
 
 def _unwrap_failures(exc: BaseException) -> list[BaseException]:
@@ -330,16 +319,21 @@ def _placed(chunks: list[torch.Tensor], place: tuple[int, int], like: torch.Tens
 
 
 class _FillingPlanner(DefaultSavePlanner):
-    """DCP's planner that copies a chunk's tensors into it when DCP asks for the chunk's data:
-    only for the chunks this rank writes (DCP's plan gives each chunk to one rank), so a rank
-    copies its share of the state, not all of it."""
+    """DCP's planner that copies a chunk's tensors into it when DCP asks for the chunk's data
+    (``fill``; None when the chunks are filled already): only for the chunks this rank writes
+    (DCP's plan gives each chunk to one rank), so a rank copies its share of the state, not all
+    of it. ``resolved`` names the chunks DCP asked for, to check against what it wrote."""
 
-    def __init__(self, fill: Callable[[str], None]) -> None:
+    def __init__(self, fill: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self._fill = fill
+        self.resolved: set[str] = set()
 
     def resolve_data(self, write_item: Any) -> Any:
-        self._fill(write_item.index.fqn)
+        name = write_item.index.fqn
+        if self._fill is not None:
+            self._fill(name)
+        self.resolved.add(name)
         return super().resolve_data(write_item)
 
 
@@ -498,6 +492,16 @@ class ShardedCheckpoints(Strategy):
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
                 dcp.save(chunks, storage_writer=writer, planner=planner, process_group=self._group,
                          no_dist=not self._distributed)
+            unfilled = sorted(writer.entries - planner.resolved)
+            if unfilled:
+                # A chunk DCP wrote without asking the planner for it holds the bytes of an
+                # earlier checkpoint (the buffers are reused), with a valid checksum: a resume
+                # from it would be a silent resume from an older state. Never committed.
+                raise CheckpointError(
+                    f"sharded checkpoint of step {job.step}: DCP wrote {', '.join(unfilled)} "
+                    "without asking the planner for its data, so its bytes were never copied "
+                    "from the state; this torch's DCP is not one ECRL supports for sharded "
+                    "checkpoints: use --strategy blocking or overlapped")
             mine = writer.part_digests()
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
@@ -563,24 +567,22 @@ class ShardedCheckpoints(Strategy):
         crash.at("after-pointer")
         apply_retention(directory, latest_step=job.step, keep=ctx.keep)
 
-    def _dcp_state(self, job: _Job) -> tuple[dict[str, torch.Tensor], DefaultSavePlanner]:
+    def _dcp_state(self, job: _Job) -> tuple[dict[str, torch.Tensor], _FillingPlanner]:
         """What DCP saves (the chunks by key) and the planner that fills them."""
         if job.chunks is not None:  # staged and filled already (async)
-            return ({chunk_key(k): c for k, c in enumerate(job.chunks)},
-                    DefaultSavePlanner())
+            return {chunk_key(k): c for k, c in enumerate(job.chunks)}, _FillingPlanner()
         if [c.numel() for c in self._chunk_buffers] != job.chunk_sizes:
             self._chunk_buffers = [torch.empty(n, dtype=torch.uint8) for n in job.chunk_sizes]
         chunks = self._chunk_buffers
-        members: dict[str, list[str]] = collections.defaultdict(list)
-        for key, (chunk, _offset) in zip(job.tensors, job.places, strict=True):
-            members[chunk_key(chunk)].append(key)
-        place = dict(zip(job.tensors, job.places, strict=True))
+        members: dict[str, list[tuple[torch.Tensor, tuple[int, int]]]] = \
+            collections.defaultdict(list)
+        for tensor, place in zip(job.tensors.values(), job.places, strict=True):
+            if tensor.numel():
+                members[chunk_key(place[0])].append((tensor, place))
 
         def fill(name: str) -> None:
-            for key in members.get(name, ()):
-                tensor = job.tensors[key]
-                if tensor.numel():
-                    _placed(chunks, place[key], tensor).copy_(tensor)
+            for tensor, place in members.get(name, ()):
+                _placed(chunks, place, tensor).copy_(tensor)
 
         return {chunk_key(k): c for k, c in enumerate(chunks)}, _FillingPlanner(fill)
 
@@ -631,13 +633,13 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         """Copy the job's tensors into a free set of CPU chunks, except the keys in ``later``;
         the job then holds the chunks and its tensors become their views."""
         pin = torch.cuda.is_available()
-        layout = (job.chunk_sizes, job.places,
-                  [(t.dtype, t.shape) for t in job.tensors.values()])
+        # Places and chunk sizes follow from the dtypes and shapes (and the world size).
+        layout = [(t.dtype, t.shape) for t in job.tensors.values()]
         if self._free:
             index = self._free.pop()
         else:
             index = len(self._staging)
-            self._staging.append((None, [], {}))
+            self._staging.append(([], [], {}))
         if self._staging[index][0] != layout:
             chunks = [torch.empty(n, dtype=torch.uint8, pin_memory=pin)
                       for n in job.chunk_sizes]

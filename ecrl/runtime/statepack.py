@@ -131,34 +131,45 @@ def decode(ckpt: VerifiedCheckpoint) -> Any:
     """The state tree of a verified checkpoint, with fresh (owned, CPU) tensors."""
     entries: Sequence[dict[str, Any]] = ckpt.header["tensors"]
 
-    def array(index: int) -> np.ndarray:
+    def raw(index: int) -> torch.Tensor:
         entry = entries[index]
-        start = ckpt.data_start + int(entry["offset"])
-        raw = np.frombuffer(ckpt.data, dtype=np.dtype(entry["dtype"]),
-                            count=int(entry["nbytes"]) // np.dtype(entry["dtype"]).itemsize,
-                            offset=start)
-        return raw.reshape(entry["shape"]).copy()
+        return torch.frombuffer(ckpt.data, dtype=torch.uint8, count=int(entry["nbytes"]),
+                                offset=ckpt.data_start + int(entry["offset"]))
+
+    return rebuild_from_bytes(ckpt.header["tree"], entries, raw, where=ckpt.path)
+
+
+def rebuild_from_bytes(tree: Any, entries: Sequence[Mapping[str, Any]],
+                       raw: Callable[[int], torch.Tensor], *, where: object) -> Any:
+    """The state of an encoded ``tree`` whose tensor ``i`` is the bytes ``raw(i)`` (a uint8
+    tensor of ``entries[i]["nbytes"]``, asked for only when that is not 0), as fresh (owned, CPU)
+    tensors and arrays: the one reading of an entry's dtype and shape, shared by both
+    checkpoint formats (one file, or a sharded directory's chunks). ``where`` names the
+    checkpoint in errors."""
 
     def tensor(index: int) -> torch.Tensor:
         entry = entries[index]
-        dtype = getattr(torch, entry["dtype"], None)
+        dtype = getattr(torch, str(entry["dtype"]), None)
         if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"{ckpt.path}: unknown tensor dtype {entry['dtype']!r}")
+            raise CheckpointError(f"{where}: unknown tensor dtype {entry['dtype']!r}")
         shape = tuple(entry["shape"])
-        nbytes = int(entry["nbytes"])
-        if not nbytes:
+        if not int(entry["nbytes"]):
             return torch.empty(shape, dtype=dtype)
-        raw = torch.frombuffer(ckpt.data, dtype=torch.uint8, count=nbytes,
-                               offset=ckpt.data_start + int(entry["offset"]))
-        return raw.view(dtype).view(shape).clone()
+        return raw(index).view(dtype).view(shape).clone()
 
-    return rebuild(ckpt.header["tree"], tensor=tensor, array=array)
+    def array(index: int) -> np.ndarray:
+        entry = entries[index]
+        dtype = np.dtype(entry["dtype"])
+        if not int(entry["nbytes"]):
+            return np.empty(entry["shape"], dtype=dtype)
+        return raw(index).numpy().view(dtype).reshape(entry["shape"]).copy()
+
+    return rebuild(tree, tensor=tensor, array=array)
 
 
 def rebuild(tree: Any, *, tensor: Callable[[int], torch.Tensor],
             array: Callable[[int], np.ndarray]) -> Any:
-    """The state of an encoded ``tree``; ``tensor(i)``/``array(i)`` give tensor ``i`` (shared
-    by both checkpoint formats: one file, or a sharded directory)."""
+    """The state of an encoded ``tree``; ``tensor(i)``/``array(i)`` give tensor ``i``."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, list):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -214,6 +215,32 @@ def test_a_crash_at_any_point_leaves_latest_on_the_previous_whole_checkpoint(
     assert latest is not None and latest.global_step == 3  # the 2nd checkpoint (7) never landed
     read_verified_shards(tmp_path / "run" / "checkpoints" / latest.path,
                          expected_checksum=latest.checksum)
+
+
+def test_a_chunk_written_without_being_filled_is_refused_and_never_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chunk buffers are reused: a chunk DCP wrote without asking the planner for its data
+    # would carry the previous checkpoint's bytes under a valid checksum.
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from ecrl.runtime import sharded
+
+    filling = sharded._FillingPlanner.resolve_data
+    calls: list[int] = []
+
+    def second_save_unfilled(self: Any, write_item: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # one chunk per save at one rank: the checkpoint after step 7
+            return DefaultSavePlanner.resolve_data(self, write_item)
+        return filling(self, write_item)
+
+    monkeypatch.setattr(sharded._FillingPlanner, "resolve_data", second_save_unfilled)
+    with pytest.raises(CheckpointError, match=r"step 7: DCP wrote c000 without asking the "
+                                              r"planner for its data"):
+        _train(tmp_path, strategy="sharded")
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.global_step == 3
+    assert not (tmp_path / "checkpoints" / "step-00000007.dcp").exists()
 
 
 def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(
