@@ -46,6 +46,7 @@ import io
 import json
 import os
 import pickle
+import queue
 import shutil
 import threading
 import time
@@ -118,27 +119,70 @@ class _Crash:
         return self.point == point
 
 
+_HASH_LATER_MIN = 1 << 20
+"""Writes at least this large whose bytes lie in a chunk of the checkpoint are hashed from the
+chunk, after the write call returned; smaller ones (torch.save's zip headers, from buffers it
+reuses) are copied for the hashing thread."""
+
+
 class _HashingStream:
     """A file DCP writes its part into, hashed on the way (SHA-256 and size of every byte).
 
     DCP writes a part front to back (``tell`` for offsets, ``write``, ``flush``, ``fsync``), so
     the digest of what passed through is the digest of the file: no second pass reads the part
-    back from the page cache to checksum it."""
+    back from the page cache to checksum it. A thread hashes the bytes in write order while the
+    writer goes on: the hash of a chunk runs under DCP's ``fsync`` of the part (a wait for the
+    disk, when the cores are free) instead of before it. ``stable(address, nbytes)`` says whether
+    a written buffer is memory nobody changes until the digest is taken (the checkpoint's own
+    chunks): only those are hashed from where they lie, everything else from a copy."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: BinaryIO, stable: Callable[[int, int], bool]) -> None:
         self.raw = raw
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self._stable = stable
+        self._pending: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def _hash_in_order(self) -> None:
+        while (segment := self._pending.get()) is not None:
+            if self._failed is None:
+                try:
+                    self.sha256.update(segment)
+                except BaseException as exc:  # raised again by hexdigest(), on the writer
+                    self._failed = exc
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.sha256.update(view)
+        if view.nbytes >= _HASH_LATER_MIN and self._stable(_address(view), view.nbytes):
+            segment: Any = view
+        else:
+            segment = bytes(view)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._hash_in_order, daemon=True,
+                                            name="ecrl-part-hash")
+            self._thread.start()
+        self._pending.put(segment)
         written = self.raw.write(view)
         if written != len(view):  # a buffered file writes all or raises; anything else is a bug
             raise OSError(errno.EIO, f"short write of a checkpoint part ({written} of "
                                      f"{len(view)} bytes)")
         self.size += written
         return written
+
+    def hexdigest(self) -> str:
+        """The digest of every byte written (waits for the hashing thread)."""
+        self.stop()
+        if self._failed is not None:
+            raise self._failed
+        return self.sha256.hexdigest()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._pending.put(None)
+            self._thread.join()
+            self._thread = None
 
     def tell(self) -> int:
         return self.raw.tell()
@@ -153,6 +197,11 @@ class _HashingStream:
         self.raw.close()
 
 
+def _address(view: memoryview) -> int:
+    """Where a (possibly read-only) buffer's bytes start in memory."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
 class _HashingFileSystem(FileSystem):
     """DCP's local file system whose new files are hashed as they are written."""
 
@@ -160,6 +209,12 @@ class _HashingFileSystem(FileSystem):
         super().__init__()
         self.digests: dict[str, tuple[str, int]] = {}
         """File name → (``sha256:<hex>``, size) of every file written whole."""
+        self.stable: list[tuple[int, int]] = []
+        """(address, bytes) of the chunks: memory that stays unchanged until the save ends."""
+
+    def _is_stable(self, address: int, nbytes: int) -> bool:
+        return any(start <= address and address + nbytes <= start + size
+                   for start, size in self.stable)
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
@@ -168,9 +223,12 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         with open(path, "wb") as raw:
-            hashing = _HashingStream(raw)
-            yield hashing
-        self.digests[Path(path).name] = (f"{CHECKSUM_ALGORITHM}:{hashing.sha256.hexdigest()}",
+            hashing = _HashingStream(raw, self._is_stable)
+            try:
+                yield hashing
+            finally:
+                hashing.stop()
+        self.digests[Path(path).name] = (f"{CHECKSUM_ALGORITHM}:{hashing.hexdigest()}",
                                          hashing.size)
 
 
@@ -487,6 +545,7 @@ class ShardedCheckpoints(Strategy):
         crash.at("before-parts")
         writer = _Writer(tmp, crash)
         chunks, planner = self._dcp_state(job)
+        writer.fs.stable = [(c.data_ptr(), c.numel()) for c in chunks.values() if c.numel()]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"

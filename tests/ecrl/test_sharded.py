@@ -117,6 +117,67 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
     assert checked.meta["global_step"] == 7 and checked.checksum == latest["checksum"]
 
 
+def test_layout_and_checksums_when_chunks_are_hashed_after_their_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tiny model's chunk is far below 1 MiB: lowered, the chunk's bytes take the deferred
+    # path (hashed from the chunk by the hashing thread), and the digests must still be the files'.
+    from ecrl.runtime import sharded
+
+    deferred: list[int] = []
+    stable = sharded._HashingFileSystem._is_stable
+
+    def counting(self: Any, address: int, nbytes: int) -> bool:
+        found = stable(self, address, nbytes)
+        if found:
+            deferred.append(nbytes)
+        return found
+
+    monkeypatch.setattr(sharded, "_HASH_LATER_MIN", 64)
+    monkeypatch.setattr(sharded._HashingFileSystem, "_is_stable", counting)
+    directory = _sharded_run(tmp_path)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert deferred and max(deferred) == manifest["chunks"][0]["nbytes"]
+    for name, info in manifest["parts"].items():
+        assert file_checksum(directory / name) == (info["checksum"], info["size"])
+
+
+def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reuses(
+        tmp_path: Path) -> None:
+    import hashlib
+
+    from ecrl.runtime import sharded
+
+    fs = sharded._HashingFileSystem()
+    chunk = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8)  # 3 MiB, registered
+    fs.stable = [(chunk.data_ptr(), chunk.numel())]
+    reused = bytearray(b"h" * (2 << 20))  # 2 MiB, not registered: changed after each write
+    path = tmp_path / "part"
+    with fs.create_stream(path, "wb") as stream:
+        for _ in range(3):
+            stream.write(memoryview(b"header"))
+            stream.write(memoryview(reused))
+            reused[:] = b"x" * len(reused)
+            stream.write(memoryview(chunk.numpy()))
+    data = path.read_bytes()
+    assert fs.digests["part"] == (f"sha256:{hashlib.sha256(data).hexdigest()}", len(data))
+    assert data.count(b"h" * 1024) > 0 and len(data) == 3 * (6 + (2 << 20) + (3 << 20))
+
+
+def test_a_write_that_fails_records_no_digest_and_leaves_no_hashing_thread(
+        tmp_path: Path) -> None:
+    import threading
+
+    from ecrl.runtime import sharded
+
+    fs = sharded._HashingFileSystem()
+    with pytest.raises(RuntimeError, match="disk went away"), \
+            fs.create_stream(tmp_path / "part", "wb") as stream:
+        stream.write(memoryview(b"some bytes"))
+        raise RuntimeError("disk went away")
+    assert fs.digests == {}
+    assert not [t for t in threading.enumerate() if t.name == "ecrl-part-hash"]
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     ("flip", r"__0_0\.distcp: checksum mismatch .* the part is corrupt"),
     ("truncate", r"__0_0\.distcp: \d+ bytes, the manifest says \d+: the part is truncated"),
