@@ -65,8 +65,10 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._tracked = False
         self._pending: str | None = None
         self._on_start: Callable[[], None] | None = None
-        self._issued: dict[int, tuple[list[int], int]] = {}
-        """(IDs, hash) of the shards handed out and not yet logged (see :meth:`take_issued`)."""
+        self._issued: list[tuple[int, list[int], int] | None] = []
+        """(step, IDs, hash) of the shards handed out and not yet logged, in a ring indexed by
+        step (see :meth:`take_issued`): a newer shard overwrites the slot of one issued
+        ``len(ring)`` steps earlier, so remembering costs the same at step 10 and 10^6."""
 
     # --- geometry --------------------------------------------------------------------------------
 
@@ -112,8 +114,10 @@ class GlobalBatchSampler(Sampler[list[int]]):
             start, self._on_start = self._on_start, None
             start()
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
-        limit = max(64, _ISSUED_IDS // local)
-        issued = self._issued
+        size = max(64, _ISSUED_IDS // local)
+        if len(self._issued) != size:
+            self._issued = [None] * size
+        ring = self._issued
         # A block of steps at a time: the shards' hashes and Python lists in one call each (per
         # batch, numpy's call overhead would cost more than the arithmetic).
         for first, block in state.iter_shard_blocks(rank, world,
@@ -122,18 +126,13 @@ class GlobalBatchSampler(Sampler[list[int]]):
             hashes = semantics.ids_hashes(block).tolist()
             if self.steps is not None and first + len(rows) > self.steps:
                 del rows[max(0, self.steps - first):]
-            if len(issued) + len(rows) > limit:
-                # Forgotten a block at a time, oldest first (per batch, the check and a delete
-                # from the front of the dict cost as much as the rest of the batch's path).
-                keep = list(issued.items())[len(issued) + len(rows) - limit:]
-                issued.clear()
-                issued.update(keep)
             # rows may be cut at the last step; hashes keeps the block's full length.
-            for step, ids, digest in zip(range(first, first + len(rows)), rows, hashes,
-                                         strict=False):
+            step = first
+            for ids, digest in zip(rows, hashes, strict=False):
                 if not self._tracked:
                     self._next = step + 1
-                issued[step] = (ids, digest)
+                ring[step % size] = (step, ids, digest)
+                step += 1
                 # A copy: what StepLog compares the logged batch with must be what was issued,
                 # even if the caller changes the list it got (else a hash-only record could
                 # carry the issued hash for IDs that did not reach the step).
@@ -166,7 +165,15 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def take_issued(self, step: int) -> tuple[list[int], int] | None:
         """(IDs, multiset hash) of this rank's shard of ``step`` as this sampler handed it out,
         forgotten once taken; None if it was not handed out (or long ago)."""
-        return self._issued.pop(step, None)
+        ring = self._issued
+        if not ring:
+            return None
+        slot = step % len(ring)
+        entry = ring[slot]
+        if entry is None or entry[0] != step:
+            return None
+        ring[slot] = None
+        return entry[1], entry[2]
 
     def expected(self, step: int) -> tuple[int, int]:
         """(count, multiset hash) of this rank's shard of ``step``, computed."""
