@@ -368,7 +368,7 @@ def _done_event() -> threading.Event:
     return event
 
 
-def _placed(chunks: list[torch.Tensor], place: tuple[int, int], like: torch.Tensor
+def _placed(chunks: dict[int, torch.Tensor], place: tuple[int, int], like: torch.Tensor
             ) -> torch.Tensor:
     """The view of ``chunks`` at ``place`` (chunk, byte offset) shaped as ``like``."""
     chunk, offset = place
@@ -409,8 +409,9 @@ class _Job:
     chunk_sizes: list[int]
     meta: dict[str, Any]
     snapshot_s: float
-    chunks: list[torch.Tensor] | None = None
-    """The filled chunks (async staging); None: filled from ``tensors`` while DCP writes."""
+    chunks: dict[int, torch.Tensor] | None = None
+    """The chunks this rank writes, filled (async staging); None: filled from ``tensors`` while
+    DCP writes."""
     backpressure_s: float = 0.0
     stall_s: float = 0.0
     staging: int | None = None
@@ -453,9 +454,8 @@ class ShardedCheckpoints(Strategy):
         self._hook = CrashHook.from_env(attempt=ctx.attempt)
         self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
         self._group: Any = None
-        self._chunk_buffers: list[torch.Tensor] = []
-        """``sharded``: the chunks DCP writes from, kept from one checkpoint to the next (only
-        this rank's share of them is ever filled, so only that share takes memory)."""
+        self._chunk_buffers: dict[int, torch.Tensor] = {}
+        """``sharded``: the chunk this rank writes, kept from one checkpoint to the next."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -626,24 +626,31 @@ class ShardedCheckpoints(Strategy):
         crash.at("after-pointer")
         apply_retention(directory, latest_step=job.step, keep=ctx.keep)
 
+    def _own_chunks(self, job: _Job) -> list[int]:
+        """The chunks this rank writes: chunk ``rank`` (none when the state made fewer chunks
+        than there are ranks). Each rank hands DCP only its own chunk, under a key no other rank
+        uses, so no rank depends on how DCP would share out entries every rank holds."""
+        return [self.ctx.rank] if self.ctx.rank < len(job.chunk_sizes) else []
+
     def _dcp_state(self, job: _Job) -> tuple[dict[str, torch.Tensor], _FillingPlanner]:
-        """What DCP saves (the chunks by key) and the planner that fills them."""
+        """What DCP saves (this rank's chunk by key) and the planner that fills it."""
         if job.chunks is not None:  # staged and filled already (async)
-            return {chunk_key(k): c for k, c in enumerate(job.chunks)}, _FillingPlanner()
-        if [c.numel() for c in self._chunk_buffers] != job.chunk_sizes:
-            self._chunk_buffers = [torch.empty(n, dtype=torch.uint8) for n in job.chunk_sizes]
+            return {chunk_key(k): c for k, c in job.chunks.items()}, _FillingPlanner()
+        wanted = {k: job.chunk_sizes[k] for k in self._own_chunks(job)}
+        if {k: c.numel() for k, c in self._chunk_buffers.items()} != wanted:
+            self._chunk_buffers = {k: torch.empty(n, dtype=torch.uint8) for k, n in wanted.items()}
         chunks = self._chunk_buffers
         members: dict[str, list[tuple[torch.Tensor, tuple[int, int]]]] = \
             collections.defaultdict(list)
         for tensor, place in zip(job.tensors.values(), job.places, strict=True):
-            if tensor.numel():
+            if tensor.numel() and place[0] in chunks:
                 members[chunk_key(place[0])].append((tensor, place))
 
         def fill(name: str) -> None:
             for tensor, place in members.get(name, ()):
                 _placed(chunks, place, tensor).copy_(tensor)
 
-        return {chunk_key(k): c for k, c in enumerate(chunks)}, _FillingPlanner(fill)
+        return {chunk_key(k): c for k, c in chunks.items()}, _FillingPlanner(fill)
 
     def _agree(self, job: _Job) -> bool:
         """Whether every rank's copy of the job's state is complete and exact."""
@@ -664,8 +671,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         super().__init__(ctx)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-sharded")
         self._inflight: collections.deque[tuple[Future[None], _Job]] = collections.deque()
-        self._staging: list[tuple[Any, list[torch.Tensor], dict[str, torch.Tensor]]] = []
-        """Per staging set: (layout, chunks, the tensors' views of the chunks)."""
+        self._staging: list[tuple[Any, dict[int, torch.Tensor], dict[str, torch.Tensor]]] = []
+        """Per staging set: (layout, this rank's chunks, their tensors' views of them)."""
         self._free: list[int] = []
         # The copy of parameters and optimizer state runs under the next step, as for
         # ``overlapped`` (:mod:`ecrl.runtime.pipeline`); the commit waits for it.
@@ -688,9 +695,17 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._settle(*self._inflight.popleft())
         return time.perf_counter() - t0
 
+    def _mine(self, job: _Job) -> set[str]:
+        """The keys of the tensors in the chunks this rank writes (the only ones it stages)."""
+        own = set(self._own_chunks(job))
+        return {key for key, place in zip(job.tensors, job.places, strict=True)
+                if place[0] in own}
+
     def _stage(self, job: _Job, later: frozenset[str] = frozenset()) -> None:
-        """Copy the job's tensors into a free set of CPU chunks, except the keys in ``later``;
-        the job then holds the chunks and its tensors become their views."""
+        """Copy the job's tensors of this rank's chunks into a free set of CPU chunks, except the
+        keys in ``later``; the job then holds the chunks and its tensors become their views (at
+        W ranks a rank copies about 1/W of the state: the other chunks are other ranks' to
+        write)."""
         pin = torch.cuda.is_available()
         # Places and chunk sizes follow from the dtypes and shapes (and the world size).
         layout = [(t.dtype, t.shape) for t in job.tensors.values()]
@@ -698,17 +713,18 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             index = self._free.pop()
         else:
             index = len(self._staging)
-            self._staging.append(([], [], {}))
+            self._staging.append(([], {}, {}))
         if self._staging[index][0] != layout:
-            chunks = [torch.empty(n, dtype=torch.uint8, pin_memory=pin)
-                      for n in job.chunk_sizes]
+            chunks = {k: torch.empty(job.chunk_sizes[k], dtype=torch.uint8, pin_memory=pin)
+                      for k in self._own_chunks(job)}
             views = {key: _placed(chunks, place, tensor) for (key, tensor), place
-                     in zip(job.tensors.items(), job.places, strict=True)}
+                     in zip(job.tensors.items(), job.places, strict=True) if place[0] in chunks}
             self._staging[index] = (layout, chunks, views)
         _layout, chunks, views = self._staging[index]
-        for key, value in job.tensors.items():
+        for key, view in views.items():
             if key not in later:
-                views[key].copy_(value, non_blocking=pin and value.is_cuda)
+                value = job.tensors[key]
+                view.copy_(value, non_blocking=pin and value.is_cuda)
         if pin:
             torch.cuda.synchronize()
         job.staging, job.chunks, job.tensors = index, chunks, dict(views)
@@ -731,7 +747,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         job = self._capture(step)
         t1 = time.perf_counter()
         sources = job.tensors
-        later = self._deferrable(sources)
+        mine = self._mine(job)
+        later = [key for key in self._deferrable(sources) if key in mine]
         self._stage(job, frozenset(later))
         deferred = None
         if later:

@@ -84,7 +84,14 @@ def test_saved_at_2_resumed_at_2_is_bit_identical_to_an_uninterrupted_blocking_r
             parts = sorted(p.name for p in directory.iterdir() if p.name.endswith(".distcp"))
             assert parts == ["__0_0.distcp", "__1_0.distcp"]
             assert (directory / ".metadata").is_file()
-            assert (directory / "ecrl-manifest.json").is_file()
+            manifest = json.loads((directory / "ecrl-manifest.json").read_text())
+            # rank r writes chunk r, whole: its part is that chunk and torch.save's small
+            # container around it (a rank that staged or wrote another's chunk would differ)
+            chunks = [c["nbytes"] for c in manifest["chunks"]]
+            assert len(chunks) == 2
+            for rank, nbytes in enumerate(chunks):
+                size = manifest["parts"][f"__{rank}_0.distcp"]["size"]
+                assert nbytes <= size < nbytes + 4096, (strategy, rank, size, chunks)
 
 
 def test_corrupt_part_of_the_newest_checkpoint_falls_back_to_the_earlier_one(
