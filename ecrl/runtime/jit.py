@@ -16,8 +16,16 @@ died *after* step c's all-reduce and before its record of step c reached its log
 optimizer step, say): step c then happened (its data reached the update) but is missing from the
 dead rank's log, and a checkpoint of step c would commit a step the logs cannot prove. So:
 
-- every rank keeps a copy of the state as it was before its latest update (taken by an optimizer
-  step pre-hook; tensors are copied into buffers allocated once, on the state's device);
+- every rank keeps a copy of the state as it was before its latest update. It is taken as the
+  state after each step, at the step boundary, with the copy of the parameters and optimizer
+  state left to a background thread that runs under the next step's forward and backward pass
+  (:class:`ecrl.runtime.pipeline.SnapshotPipeline`, as for ``overlapped``): they change only in
+  the next update, whose optimizer step pre-hook waits for the copy and then makes it the copy
+  in force. Two sets of buffers, allocated once on the state's device, take turns: the one in
+  force stays whole while the next is being filled. A tensor written in place between the
+  boundary and the update (its version counter moved) is copied again before the update, so
+  the copy is the state as the update found it; an update that did not happen (a skipped
+  optimizer step) leaves the older copy in force;
 - the survivor saves the live state of step c when every rank of the attempt logged step c
   ("the next step" of the seed), else the copy, which is the state after step c - 1 ("the
   previous consistent copy"), which every rank logged before it could enter step c's all-reduce;
@@ -39,6 +47,7 @@ uninterrupted twin.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import mmap
 import os
@@ -58,6 +67,7 @@ from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths, load
 from ecrl.runtime import statepack
 from ecrl.runtime.endings import JIT_MARKER
 from ecrl.runtime.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
+from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, storage_key
 from ecrl.runtime.strategies import BlockingCheckpoints, CheckpointContext
 
 __all__ = ["JIT_EXIT_CODE", "JIT_MARKER", "CLAIM", "KILL_ENV", "PeerLost", "JitCheckpoints",
@@ -147,6 +157,63 @@ def _copy_into(src: Any, dst: Any) -> Any:
     return src  # numbers, strings, None: immutable
 
 
+class _CopyPlan:
+    """What one copy of the state needs: the tree of targets, and how each target is filled."""
+
+    __slots__ = ("tree", "sources", "targets", "buffers")
+
+    def __init__(self) -> None:
+        self.tree: Any = None
+        self.sources: list[torch.Tensor] = []
+        """Live tensors only an update changes (parameters, optimizer state): copied later."""
+        self.targets: list[torch.Tensor] = []
+        self.buffers: list[tuple[int, torch.Tensor]] = []
+        """(position among the live module buffers, target): filled from the boundary's set."""
+
+
+def _plan_copy(src: Any, dst: Any, plan: _CopyPlan, *, later: set[tuple[str, int]],
+               buffers: dict[int, int]) -> Any:
+    """``src`` with every tensor replaced by a target (``dst``'s matching tensor when it fits,
+    else a new one): tensors in ``later`` (storages) are left to ``plan`` to copy, module
+    buffers (``buffers``: data pointer to position) to the boundary's set, the rest (small:
+    a user's tensors) copied now. Containers are new, other leaves immutable."""
+    if isinstance(src, torch.Tensor):
+        value = src.detach()
+        if isinstance(dst, torch.Tensor) and dst.shape == value.shape and \
+                dst.dtype == value.dtype and dst.device == value.device:
+            target = dst
+        else:
+            target = torch.empty_like(value)
+        at = buffers.get(value.data_ptr()) if value.numel() else None
+        if at is not None:
+            plan.buffers.append((at, target))
+        elif value.numel() and storage_key(value) in later:
+            plan.sources.append(value)
+            plan.targets.append(target)
+        else:
+            target.copy_(value)
+        return target
+    if isinstance(src, dict):
+        old = dst if isinstance(dst, dict) else {}
+        return {k: _plan_copy(v, old.get(k), plan, later=later, buffers=buffers)
+                for k, v in src.items()}
+    if isinstance(src, list):
+        old_list = dst if isinstance(dst, list) and len(dst) == len(src) else [None] * len(src)
+        return [_plan_copy(v, o, plan, later=later, buffers=buffers)
+                for v, o in zip(src, old_list, strict=True)]
+    if isinstance(src, tuple):
+        old_tuple = dst if isinstance(dst, tuple) and len(dst) == len(src) else (None,) * len(src)
+        return tuple(_plan_copy(v, o, plan, later=later, buffers=buffers)
+                     for v, o in zip(src, old_tuple, strict=True))
+    return src  # numbers, strings, None: immutable
+
+
+def _copy_later(plan: _CopyPlan) -> None:
+    """The background part of a copy (the pipeline's thread)."""
+    if plan.targets:
+        torch._foreach_copy_(plan.targets, plan.sources)
+
+
 def _with_buffers(tree: Any, where: dict[int, int], copies: list[torch.Tensor]) -> Any:
     """``tree`` with every tensor that is a live module buffer (``where``: its storage address
     to its position) replaced by ``copies[position]``."""
@@ -205,6 +272,10 @@ class _BoundaryBuffers:
     def known(self, step: int) -> bool:
         return not self.live or step in self._sets
 
+    def copies(self, step: int) -> list[torch.Tensor]:
+        """The buffers after ``step`` (the live ones when they were not taken)."""
+        return self._sets.get(step, self.live)
+
     def state_after(self, tree: Any, step: int) -> Any:
         """``tree`` (captured now) with the buffers as they were after ``step``."""
         copies = self._sets.get(step)
@@ -244,9 +315,14 @@ class JitCheckpoints(BlockingCheckpoints):
 
     def __init__(self, ctx: CheckpointContext) -> None:
         super().__init__(ctx)
-        self._shadow: Any = None
-        self._shadow_step: int | None = None
-        """The step whose state the copy holds (the copy is taken before step + 1's update)."""
+        self._held: tuple[int | None, Any] = (None, None)
+        """(step, state) of the copy in force: the state after ``step``, whole (read at once by
+        a rescue, which may run on the watchdog's thread)."""
+        self._spare: Any = None
+        """The other set of copy buffers (filled in the background while ``_held`` stays)."""
+        self._pipeline: SnapshotPipeline | None = None
+        self._buffer_at: dict[int, int] = {}
+        self._for_update = False
         self._completed: int | None = None
         """The last step whose boundary this rank passed."""
         self._first: int | None = None
@@ -286,6 +362,57 @@ class JitCheckpoints(BlockingCheckpoints):
                     lambda *_: self._kill.fire(self._next_step(), "forward")))
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
+        self._buffer_at = {b.data_ptr(): i for i, b in enumerate(self._buffers.live)}
+        optimizers = list(optimizers)
+        if optimizers:
+            self._pipeline = SnapshotPipeline(optimizers, on_ready=self._copy_ready,
+                                              on_torn=self._copy_torn)
+            self._start_copy(start - 1)  # as restored (or initialised)
+
+    @property
+    def _shadow(self) -> Any:
+        return self._held[1]
+
+    @property
+    def _shadow_step(self) -> int | None:
+        return self._held[0]
+
+    def _start_copy(self, step: int) -> None:
+        """Copy the state after ``step`` (now, at its boundary): containers and small tensors
+        here, parameters and optimizer state on the pipeline's thread under the next step."""
+        pipeline = self._pipeline
+        if pipeline is None or self._rescuing.locked():
+            return
+        pipeline.settle()  # a copy no update took (a skipped optimizer step) is settled first
+        plan = _CopyPlan()
+        plan.tree = _plan_copy(self.ctx.capture([]), self._spare, plan,
+                               later=pipeline.storages(), buffers=self._buffer_at)
+        self._spare = None  # filled from now on: never handed out again until it is in force
+        pipeline.start(step, plan.sources, functools.partial(_copy_later, plan),
+                       context={"plan": plan})
+
+    def _copy_ready(self, deferred: Deferred, wait_s: float) -> None:
+        """The background copy of the state after ``deferred.step`` is complete and exact: it
+        becomes the copy in force (training thread)."""
+        plan: _CopyPlan = deferred.context["plan"]
+        copies = self._buffers.copies(deferred.step)
+        for at, target in plan.buffers:
+            target.copy_(copies[at])
+        previous = self._held[1]
+        self._held = (deferred.step, plan.tree)
+        self._spare = previous
+
+    def _copy_torn(self, deferred: Deferred, changed: list[int]) -> None:
+        """A tensor was written in place after the boundary. Before the update: copied again,
+        the copy is then the state the update starts from. At a boundary (no update took it):
+        dropped, the older copy stays in force."""
+        plan: _CopyPlan = deferred.context["plan"]
+        if not self._for_update:
+            self._spare = plan.tree
+            return
+        for index in changed:
+            plan.targets[index].copy_(plan.sources[index])
+        self._copy_ready(deferred, 0.0)
 
     def _next_step(self) -> int:
         return self._first if self._completed is None else self._completed + 1  # type: ignore
@@ -300,10 +427,20 @@ class JitCheckpoints(BlockingCheckpoints):
             return  # a second optimizer of the same step: the copy is already taken
         self._kill.fire(self._next_step(), "pre-optimizer")
         step = self._next_step() - 1
-        # The forward of step + 1 has moved the buffers already: theirs are the boundary's.
-        self._shadow = _copy_into(self._buffers.state_after(self.ctx.capture([]), step),
-                                  self._shadow)
-        self._shadow_step = step
+        if self._pipeline is not None:
+            self._for_update = True
+            try:
+                self._pipeline.settle()  # the copy of the state after `step`: now in force
+            finally:
+                self._for_update = False
+        if self._held[0] != step:
+            # No background copy of that state (dropped, or no optimizer in the pipeline):
+            # taken now. The forward of step + 1 has moved the buffers: theirs are the
+            # boundary's.
+            spare = self._spare
+            self._spare = None
+            tree = _copy_into(self._buffers.state_after(self.ctx.capture([]), step), spare)
+            self._spare, self._held = self._held[1], (step, tree)
         self._in_update = self._defer = True
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
@@ -321,6 +458,7 @@ class JitCheckpoints(BlockingCheckpoints):
         self._defer = True
         if self._reseed is not None:
             self._reseed(step + 1)
+        self._start_copy(step)
 
     def boundary_done(self) -> None:
         self._defer = False
@@ -329,6 +467,10 @@ class JitCheckpoints(BlockingCheckpoints):
             raise PeerLost("torchrun's termination signal (a peer exited)")
 
     def close(self) -> None:
+        if self._pipeline is not None:
+            self._for_update = False
+            self._pipeline.close()
+            self._pipeline = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -356,9 +498,9 @@ class JitCheckpoints(BlockingCheckpoints):
         if live is not None and self._all_logged(live) and (
                 self._buffers.known(live) or self.ctx.rank == 0):
             return self._buffers.state_after(self.ctx.capture([]), live), live, "live", None
-        shadow = self._shadow_step
-        if shadow is not None and self._shadow is not None and self._all_logged(shadow):
-            return self._shadow, shadow, "previous", None
+        shadow, held = self._held
+        if shadow is not None and held is not None and self._all_logged(shadow):
+            return held, shadow, "previous", None
         if live is None and shadow is None:
             return None, None, None, "no step completed in this attempt"
         return None, None, None, "no state whose step every rank logged"

@@ -149,7 +149,66 @@ def test_the_copy_before_each_update_is_the_state_after_the_step_before(
         jit.boundary_done()
         after[step] = _copy_into({"model": model.state_dict(), "optimizer": opt.state_dict()},
                                  None)
-    assert len(held) == 1  # the copies are allocated once
+    assert len(held) == 2  # two sets of copies, allocated once, taking turns
+    jit.close()
+
+
+def test_a_tensor_written_after_the_boundary_is_copied_as_the_update_found_it(
+        tmp_path: Path) -> None:
+    # The copy of parameters and optimizer state runs in the background from the boundary on; a
+    # write in place before the update (a user's clamp) must not leave a mix of two states.
+    from ecrl.contract.semantics import Geometry
+    from ecrl.runtime.strategies import CheckpointContext
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ctx = CheckpointContext(
+        paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
+        geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
+        max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
+                                              "optimizer": opt.state_dict()},
+        meta=lambda step: {}, optimizers=(opt,))
+    jit = JitCheckpoints(ctx)
+    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+
+    def state() -> object:
+        return _copy_into({"model": model.state_dict(), "optimizer": opt.state_dict()}, None)
+
+    for step in range(3):
+        model(torch.randn(16, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        jit.step_completed(step)
+        jit.boundary_done()
+    # Step 3: clamped in place before its update; the copy is the state the update started from.
+    model(torch.randn(16, 4)).square().mean().backward()
+    with torch.no_grad():
+        model[0].weight.clamp_(-0.01, 0.01)
+    before_update = state()
+    opt.step()
+    opt.zero_grad()
+    assert jit._shadow_step == 2 and _same(jit._shadow, before_update)
+    jit.step_completed(3)
+    jit.boundary_done()
+    # Step 4 has no update (a skipped optimizer step): its boundary settles the copy of 3 (in
+    # force). A write in place after that boundary tears the copy of 4, which the boundary of 5
+    # drops (3 stays in force); step 6's update then takes the copy of 5.
+    after_3 = state()
+    model(torch.randn(16, 4)).square().mean().backward()
+    opt.zero_grad()
+    jit.step_completed(4)  # settles the copy of 3 (untouched): in force
+    assert jit._shadow_step == 3 and _same(jit._shadow, after_3)
+    with torch.no_grad():
+        model[1].bias.add_(1.0)
+    jit.boundary_done()
+    jit.step_completed(5)  # the copy of 4 was written to: dropped, 3 stays in force
+    assert jit._shadow_step == 3 and _same(jit._shadow, after_3)
+    jit.boundary_done()
+    before_update = state()
+    model(torch.randn(16, 4)).square().mean().backward()
+    opt.step()  # step 6's update: the background copy of 5 is in force
+    assert jit._shadow_step == 5 and _same(jit._shadow, before_update)
     jit.close()
 
 

@@ -214,7 +214,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 metric=f"{case.model}: steady-state steps/s, B={case.global_batch} "
                        "(higher is better)",
                 candidate_value=j_rate, alternative_value=none_rate,
-                note="the copy of the state before each update and the per-step RNG reseed; "
+                note="each boundary's capture of the state for the copy a rescue may save (its "
+                     "tensors copied under the next step) and the per-step RNG reseed; "
                      f"{_load_note(load)}"))
             ratio = o_stall / b_stall
             targets.append(Target(
