@@ -28,6 +28,7 @@ from ecrl.runtime.jit import logged_through
 
 JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "48", "--seed", "7",
        "--world-sizes", "2", "--strategy", "jit"]
+JIT_LONG = [("96" if a == "48" else a) for a in JIT]
 
 
 def _verify(root: Path) -> dict:
@@ -63,6 +64,12 @@ def _same_as(run: Path, reference: Path) -> None:
 @pytest.fixture(scope="session")
 def jit_reference(runs: RunCache) -> Run:
     return _made(runs.get("jit-reference", [*JIT, "--ckpt-every", "0"]))
+
+
+@pytest.fixture(scope="session")
+def jit_reference_long(runs: RunCache) -> Run:
+    """The uninterrupted twin of the random-kill runs (96 steps: room for 10 rescues)."""
+    return _made(runs.get("jit-reference-96", [*JIT_LONG, "--ckpt-every", "0"]))
 
 
 @pytest.fixture(scope="session")
@@ -174,14 +181,33 @@ def _drive(root: Path, args: list[str], actions: list[Callable[[Path, int], bool
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.SIGKILL
-             ) -> Callable[[Path, int], bool]:
+def _first_logged(path: Path) -> int | None:
+    try:
+        with path.open("rb") as handle:
+            line = handle.readline()
+        return int(json.loads(line)["global_step"]) if line.endswith(b"\n") else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.SIGKILL,
+             *, into_attempt: bool = False) -> Callable[[Path, int], bool]:
+    """Signal ``ranks`` ``delay`` s after rank 1 logged global step ``step`` (``into_attempt``:
+    the attempt's ``step``-th step, counted from its first, 0 being the first)."""
+    pids: dict[int, int] = {}
+
     def action(root: Path, attempt: int) -> bool:
-        done = logged_through(RunPaths.of(root).rank_log(attempt, 1))
-        if done is None or done < step:
-            return False
-        pids = _rank_pids(root, attempt)
-        if not all(r in pids for r in ranks):
+        if not pids:
+            # /proc is scanned until the ranks are found, then each poll only reads the log:
+            # a scan per poll let fast steps run several past the one drawn.
+            found = _rank_pids(root, attempt)
+            if not all(r in found for r in ranks):
+                return False
+            pids.update(found)
+        log = RunPaths.of(root).rank_log(attempt, 1)
+        done = logged_through(log)
+        first = _first_logged(log) if into_attempt else 0
+        if done is None or first is None or done < first + step:
             return False
         time.sleep(delay)
         for r in ranks:
@@ -197,15 +223,17 @@ def _draws() -> int:
 
 def _random_kills(tmp_path: Path, jit_reference: Run, draws: int, seed: int) -> None:
     rng = random.Random(seed)
-    actions, start = [], 0
+    actions = []
     for _ in range(draws):
-        # A step at least one past the attempt's start (its log shows it), then a random moment
-        # inside the next step: forward, all-reduce, update, logging, boundary.
-        start += rng.randint(1, 2)
-        actions.append(_kill_at(start, rng.uniform(0.0, 0.03), (1,)))
-        start += 1  # the next attempt resumes at most one step earlier than the kill
+        # One or two steps into the attempt (counted from the step it logged first, wherever
+        # the previous rescue resumed it), then a random moment inside the next step: forward,
+        # all-reduce, update, logging, boundary. 10 draws stay well inside the run's 96 steps
+        # (a kill drawn past its last step would hit the shutdown, not a step).
+        actions.append(_kill_at(rng.randint(1, 2), rng.uniform(0.0, 0.03), (1,),
+                                into_attempt=True))
     root = tmp_path / "run"
-    proc = _drive(root, [*JIT, "--ckpt-every", "0", "--max-restarts", str(draws + 2)], actions)
+    proc = _drive(root, [*JIT_LONG, "--ckpt-every", "0", "--max-restarts", str(draws + 2)],
+                  actions)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = _state(root)
     assert state.attempts[-1].status == "completed"
@@ -220,14 +248,15 @@ def _random_kills(tmp_path: Path, jit_reference: Run, draws: int, seed: int) -> 
 # A kill drawn before the attempt's first step (start-up is slow on a loaded 2-core machine)
 # ends the attempt without a rescue: flaky in the default suite, so it runs in `make test-long`.
 @pytest.mark.slow
-def test_jit_sigkill_of_rank_1_at_random_moments(tmp_path: Path, jit_reference: Run) -> None:
-    _random_kills(tmp_path, jit_reference, _draws(), seed=1234)
+def test_jit_sigkill_of_rank_1_at_random_moments(tmp_path: Path,
+                                                 jit_reference_long: Run) -> None:
+    _random_kills(tmp_path, jit_reference_long, _draws(), seed=1234)
 
 
 @pytest.mark.slow
 def test_jit_sigkill_of_rank_1_at_ten_random_moments(tmp_path: Path,
-                                                     jit_reference: Run) -> None:
-    _random_kills(tmp_path, jit_reference, int(os.environ.get("ECRL_JIT_DRAWS", "10")),
+                                                     jit_reference_long: Run) -> None:
+    _random_kills(tmp_path, jit_reference_long, int(os.environ.get("ECRL_JIT_DRAWS", "10")),
                   seed=99)
 
 
