@@ -25,7 +25,8 @@ dead rank's log, and a checkpoint of step c would commit a step the logs cannot 
   force stays whole while the next is being filled. A tensor written in place between the
   boundary and the update (its version counter moved) is copied again before the update, so
   the copy is the state as the update found it; an update that did not happen (a skipped
-  optimizer step) leaves the older copy in force;
+  optimizer step) leaves the older copy in force. Small models (parameters under
+  :data:`_PIPELINE_MIN_BYTES`) are copied in the pre-hook instead, on the training thread;
 - the survivor saves the live state of step c when every rank of the attempt logged step c
   ("the next step" of the seed), else the copy, which is the state after step c - 1 ("the
   previous consistent copy"), which every rank logged before it could enter step c's all-reduce;
@@ -157,6 +158,11 @@ def _copy_into(src: Any, dst: Any) -> Any:
     return src  # numbers, strings, None: immutable
 
 
+_PIPELINE_MIN_BYTES = 8 << 20
+"""Below this many bytes of parameters the copy is taken in the optimizer step pre-hook, on the
+training thread: handing it to a thread and waiting for it costs more than it takes."""
+
+
 class _CopyPlan:
     """What one copy of the state needs: the tree of targets, and how each target is filled."""
 
@@ -172,11 +178,12 @@ class _CopyPlan:
 
 
 def _plan_copy(src: Any, dst: Any, plan: _CopyPlan, *, later: set[tuple[str, int]],
-               buffers: dict[int, int]) -> Any:
+               buffers: dict[int, tuple[int, torch.Tensor]]) -> Any:
     """``src`` with every tensor replaced by a target (``dst``'s matching tensor when it fits,
     else a new one): tensors in ``later`` (storages) are left to ``plan`` to copy, module
-    buffers (``buffers``: data pointer to position) to the boundary's set, the rest (small:
-    a user's tensors) copied now. Containers are new, other leaves immutable."""
+    buffers (``buffers``: data pointer to position and the live buffer) to the boundary's set,
+    the rest (small: a user's tensors) copied now. Containers are new, other leaves
+    immutable."""
     if isinstance(src, torch.Tensor):
         value = src.detach()
         if isinstance(dst, torch.Tensor) and dst.shape == value.shape and \
@@ -184,9 +191,10 @@ def _plan_copy(src: Any, dst: Any, plan: _CopyPlan, *, later: set[tuple[str, int
             target = dst
         else:
             target = torch.empty_like(value)
-        at = buffers.get(value.data_ptr()) if value.numel() else None
-        if at is not None:
-            plan.buffers.append((at, target))
+        found = buffers.get(value.data_ptr()) if value.numel() else None
+        if found is not None and found[1].shape == value.shape and \
+                found[1].dtype == value.dtype:
+            plan.buffers.append((found[0], target))
         elif value.numel() and storage_key(value) in later:
             plan.sources.append(value)
             plan.targets.append(target)
@@ -321,7 +329,7 @@ class JitCheckpoints(BlockingCheckpoints):
         self._spare: Any = None
         """The other set of copy buffers (filled in the background while ``_held`` stays)."""
         self._pipeline: SnapshotPipeline | None = None
-        self._buffer_at: dict[int, int] = {}
+        self._buffer_at: dict[int, tuple[int, torch.Tensor]] = {}
         self._for_update = False
         self._completed: int | None = None
         """The last step whose boundary this rank passed."""
@@ -362,9 +370,11 @@ class JitCheckpoints(BlockingCheckpoints):
                     lambda *_: self._kill.fire(self._next_step(), "forward")))
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
-        self._buffer_at = {b.data_ptr(): i for i, b in enumerate(self._buffers.live)}
+        self._buffer_at = {b.data_ptr(): (i, b) for i, b in enumerate(self._buffers.live)}
         optimizers = list(optimizers)
-        if optimizers:
+        params = sum(p.numel() * p.element_size() for o in optimizers
+                     for group in o.param_groups for p in group["params"])
+        if optimizers and params >= _PIPELINE_MIN_BYTES:
             self._pipeline = SnapshotPipeline(optimizers, on_ready=self._copy_ready,
                                               on_torn=self._copy_torn)
             self._start_copy(start - 1)  # as restored (or initialised)
