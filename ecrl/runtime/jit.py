@@ -351,7 +351,8 @@ class JitCheckpoints(BlockingCheckpoints):
 
     def attach(self, *, start: int, optimizers: Iterable[torch.optim.Optimizer],
                modules: Iterable[torch.nn.Module], reseed: Callable[[int], None]) -> None:
-        """Hook the optimizers (the copy before each update) and torchrun's SIGTERM."""
+        """Hook the optimizers (the copy in force before each update), the modules (their
+        buffers at each boundary) and torchrun's SIGTERM; start copying the restored state."""
         self._first = start
         self._reseed = reseed
         modules = list(modules)
