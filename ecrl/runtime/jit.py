@@ -139,25 +139,6 @@ def logged_through(path: os.PathLike[str] | str, *, chunk: int = 1 << 16) -> int
         return None
 
 
-def _copy_into(src: Any, dst: Any) -> Any:
-    """``src`` with every tensor copied (into ``dst``'s matching tensor when it fits)."""
-    if isinstance(src, torch.Tensor):
-        if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype \
-                and dst.device == src.device:
-            dst.copy_(src.detach())
-            return dst
-        return src.detach().clone()
-    if isinstance(src, dict):
-        old = dst if isinstance(dst, dict) else {}
-        return {k: _copy_into(v, old.get(k)) for k, v in src.items()}
-    if isinstance(src, list):
-        old_list = dst if isinstance(dst, list) and len(dst) == len(src) else [None] * len(src)
-        return [_copy_into(v, o) for v, o in zip(src, old_list, strict=True)]
-    if isinstance(src, tuple):
-        return tuple(_copy_into(v, None) for v in src)
-    return src  # numbers, strings, None: immutable
-
-
 _PIPELINE_MIN_BYTES = 8 << 20
 """Below this many bytes of parameters the copy is taken in the optimizer step pre-hook, on the
 training thread: handing it to a thread and waiting for it costs more than it takes."""
@@ -214,6 +195,11 @@ def _plan_copy(src: Any, dst: Any, plan: _CopyPlan, *, later: set[tuple[str, int
         return tuple(_plan_copy(v, o, plan, later=later, buffers=buffers)
                      for v, o in zip(src, old_tuple, strict=True))
     return src  # numbers, strings, None: immutable
+
+
+def _copy_into(src: Any, dst: Any) -> Any:
+    """``src`` with every tensor copied now (into ``dst``'s matching tensor when it fits)."""
+    return _plan_copy(src, dst, _CopyPlan(), later=set(), buffers={})
 
 
 def _copy_later(plan: _CopyPlan) -> None:

@@ -115,12 +115,27 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
+def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
+              ) -> JitCheckpoints:
+    """A one-rank jit strategy over ``model`` and ``opt``, attached at step 0."""
+    from ecrl.contract.semantics import Geometry
+    from ecrl.runtime.strategies import CheckpointContext
+
+    ctx = CheckpointContext(
+        paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
+        geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
+        max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
+                                              "optimizer": opt.state_dict()},
+        meta=lambda step: {}, optimizers=(opt,))
+    jit = JitCheckpoints(ctx)
+    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+    return jit
+
+
 @pytest.mark.parametrize("pipelined", [True, False])
 def test_the_copy_before_each_update_is_the_state_after_the_step_before(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipelined: bool) -> None:
-    from ecrl.contract.semantics import Geometry
     from ecrl.runtime import jit as jit_module
-    from ecrl.runtime.strategies import CheckpointContext
 
     # This model is tiny: below the threshold its copy is taken in the pre-hook; at 0, by the
     # background pipeline from each boundary on.
@@ -130,14 +145,7 @@ def test_the_copy_before_each_update_is_the_state_after_the_step_before(
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
                                 torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ctx = CheckpointContext(
-        paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
-        geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
-        max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
-                                              "optimizer": opt.state_dict()},
-        meta=lambda step: {}, optimizers=(opt,))
-    jit = JitCheckpoints(ctx)
-    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+    jit = _attached(tmp_path, model, opt)
     assert (jit._pipeline is not None) == pipelined
     after: dict[int, object] = {}
     held: list[torch.Tensor] = []  # every weight copy the shadow held (kept alive: no id reuse)
@@ -165,23 +173,14 @@ def test_a_tensor_written_after_the_boundary_is_copied_as_the_update_found_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The copy of parameters and optimizer state runs in the background from the boundary on; a
     # write in place before the update (a user's clamp) must not leave a mix of two states.
-    from ecrl.contract.semantics import Geometry
     from ecrl.runtime import jit as jit_module
-    from ecrl.runtime.strategies import CheckpointContext
 
     monkeypatch.setattr(jit_module, "_PIPELINE_MIN_BYTES", 0)
 
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ctx = CheckpointContext(
-        paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
-        geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
-        max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
-                                              "optimizer": opt.state_dict()},
-        meta=lambda step: {}, optimizers=(opt,))
-    jit = JitCheckpoints(ctx)
-    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+    jit = _attached(tmp_path, model, opt)
     assert jit._pipeline is not None
 
     def state() -> object:
