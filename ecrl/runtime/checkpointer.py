@@ -194,6 +194,7 @@ class Checkpointer:
         self._strategy: Strategy | None = None
         self._prepared = False
         self._jit: JitCheckpoints | None = None
+        self._excepthook: tuple[Callable[..., None], Callable[..., None]] | None = None
         if env is not None:
             end = env.deadline
             rule = DeadlineRule(k1=env.deadline_k1, k2=env.deadline_k2)
@@ -381,8 +382,24 @@ class Checkpointer:
                     modules=[_unwrap(o) for o in self.state.values()
                              if isinstance(_unwrap(o), torch.nn.Module)],
                     reseed=self._seed_rank)
+                self._hook_uncaught()
         if self._watchdog is not None:
             self._watchdog.start()
+
+    def _hook_uncaught(self) -> None:
+        """``jit``: an exception that ends the script uncaught (a loop not inside ``with
+        ckpt:``) reaches the rescue too, from ``sys.excepthook``, before the usual report. Without
+        it such a loop, the way ``docs/examples/ddp_train.py`` is written, lost the rescue: the
+        survivor died with the peer and the attempt restarted from the last periodic checkpoint.
+        Removed again by :meth:`close`."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            self.rescue(exc)  # does not return when it applies
+            previous(kind, exc, tb)
+
+        self._excepthook = (hook, previous)
+        sys.excepthook = hook
 
     def _restore_rng(self, action: Callable[[], None]) -> None:
         # With ECRL's sampler, when its first batch is drawn (see
@@ -536,6 +553,11 @@ class Checkpointer:
 
     def close(self) -> None:
         """Make every checkpoint taken so far durable (the end of the attempt)."""
+        if self._excepthook is not None:
+            hook, previous = self._excepthook
+            self._excepthook = None
+            if sys.excepthook is hook:
+                sys.excepthook = previous
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._strategy is not None:

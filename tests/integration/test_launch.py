@@ -130,3 +130,19 @@ def test_ctrl_c_then_launch_again_continues_to_a_verified_end(tmp_path: Path) ->
     state = json.loads((out / "supervisor.json").read_text())
     assert state["status"] == "completed" and state["attempts"][1]["resumed_from_step"] >= 9
     assert verify_json(out)["verdict"] == "PASS"
+
+
+def test_jit_rescues_a_loop_not_inside_with_ckpt(runs: RunCache) -> None:
+    # docs/examples/ddp_train.py does not wrap its loop in `with ckpt:`: the survivor's rescue
+    # comes from the exception hook the jit checkpointer installs, not from __exit__.
+    jit = ["--strategy", "jit", "--world-sizes", "2", "--", "python", str(EXAMPLE),
+           "--steps", "30"]
+    rescued = _made(runs.get("launch-jit", ["--fail-at", "9", *jit], command="launch"))
+    whole = _made(runs.get("launch-jit-whole", jit, command="launch"))
+    state = json.loads((rescued.root / "supervisor.json").read_text())
+    assert [a["status"] for a in state["attempts"]] == ["jit", "completed"]
+    assert state["attempts"][1]["resumed_from_step"] == 9  # nothing replayed
+    assert verify_json(rescued.root)["verdict"] == "PASS"
+    mine = torch.load(rescued.root / "final.pt")
+    theirs = torch.load(whole.root / "final.pt")
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
