@@ -139,20 +139,22 @@ def check_committed(path: Path, actual: str, expected: str | None) -> None:
         )
 
 
-def parse_format_document(path: Path, raw: bytes, *, name: str, version: int
+def parse_format_document(path: Path, raw: bytes, *, name: str, version: int | tuple[int, ...]
                           ) -> dict[str, Any]:
     """The JSON object that describes a checkpoint (a file's header, a sharded checkpoint's
-    manifest), refused in one line unless it names format ``name`` at ``version``."""
+    manifest), refused in one line unless it names format ``name`` at ``version`` (or at one of
+    several)."""
+    versions = version if isinstance(version, tuple) else (version,)
     try:
         document = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: header is not valid JSON ({exc})") from None
     if not isinstance(document, dict) or document.get("format") != name:
         raise CheckpointError(f"{path}: header does not describe an {name} checkpoint")
-    if document.get("version") != version:
+    if document.get("version") not in versions:
         raise CheckpointError(
             f"{path}: checkpoint format version {document.get('version')!r}, this ECRL reads "
-            f"{version}: resume with the ECRL version that wrote it"
+            f"{' and '.join(map(str, versions))}: resume with the ECRL version that wrote it"
         )
     return document
 

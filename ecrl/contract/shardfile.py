@@ -42,16 +42,24 @@ from ecrl.contract.ckptfile import (
     parse_format_document,
 )
 
-__all__ = ["SUFFIX", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "METADATA_FILE", "ALIGN",
+__all__ = ["SUFFIX", "RECYCLED", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS",
+           "BYTE_CHUNKS_SINCE", "METADATA_FILE", "ALIGN",
            "chunk_key", "pack_chunks", "file_checksum", "encode_manifest", "VerifiedShards",
            "read_verified_shards"]
 
 SUFFIX = ".dcp"
+RECYCLED = ".recycled.dcp"
+"""In ``checkpoints/``: the data files of the last sharded checkpoint that retention retired,
+without its manifest and DCP's metadata (so never a checkpoint), kept for the next sharded save
+to write over instead of creating new files."""
 MANIFEST = "ecrl-manifest.json"
 METADATA_FILE = ".metadata"
 FORMAT_NAME = "ecrl-dcp"
-FORMAT_VERSION = 2
-"""2: tensors packed into chunks (1 had one DCP entry per tensor)."""
+FORMAT_VERSION = 3
+"""3: each chunk a DCP byte entry; 2: each chunk a uint8 tensor entry (``torch.save``'d); 1 had
+one DCP entry per tensor."""
+READABLE_VERSIONS = (2, 3)
+BYTE_CHUNKS_SINCE = 3
 ALIGN = 64
 """Byte alignment of every tensor inside its chunk (any dtype's view of the bytes is aligned)."""
 _CHUNK = 1 << 22
@@ -136,7 +144,8 @@ def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str
         raise CheckpointError(f"{manifest_path}: cannot read: {exc.strerror}") from None
     actual = f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(raw).hexdigest()}"
     check_committed(manifest_path, actual, expected_checksum)
-    manifest = parse_format_document(manifest_path, raw, name=FORMAT_NAME, version=FORMAT_VERSION)
+    manifest = parse_format_document(manifest_path, raw, name=FORMAT_NAME,
+                                     version=READABLE_VERSIONS)
     parts = manifest.get("parts")
     if not isinstance(parts, dict) or METADATA_FILE not in parts:
         raise CheckpointError(f"{manifest_path}: lists no DCP metadata among its parts")

@@ -54,6 +54,7 @@ from ecrl.contract.runformat import (
     read_json_record,
     write_json_record,
 )
+from ecrl.contract.shardfile import RECYCLED as SHARD_RECYCLED
 from ecrl.contract.shardfile import SUFFIX as SHARD_SUFFIX
 from ecrl.contract.shardfile import VerifiedShards, read_verified_shards
 
@@ -73,6 +74,7 @@ __all__ = [
     "read_checkpoint",
     "SHARDED_POINTS",
     "apply_retention",
+    "remove_checkpoint",
     "clean_temporaries",
 ]
 
@@ -233,8 +235,10 @@ def read_checkpoint(path: Path, *, expected_checksum: str | None = None
     return read_verified(path, expected_checksum=expected_checksum)
 
 
-def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str]:
-    """Delete checkpoints older than the newest ``keep`` at or before ``latest_step``.
+def apply_retention(directory: Path, *, latest_step: int, keep: int,
+                    retire: Callable[[Path], None] | None = None) -> list[str]:
+    """Delete checkpoints older than the newest ``keep`` at or before ``latest_step`` (each with
+    ``retire``, :func:`remove_checkpoint` by default).
 
     Files after ``latest_step`` (written by an attempt that crashed before publishing them) are
     left alone: the run will reach and rewrite them.
@@ -246,12 +250,13 @@ def apply_retention(directory: Path, *, latest_step: int, keep: int) -> list[str
     )
     removed = []
     for _, name in steps[: max(0, len(steps) - max(keep, MIN_KEEP))]:
-        _remove(directory / name)
+        (retire or remove_checkpoint)(directory / name)
         removed.append(name)
     return removed
 
 
-def _remove(path: Path) -> None:
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint's directory."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)  # a sharded checkpoint, or its temporary
     else:
@@ -259,12 +264,14 @@ def _remove(path: Path) -> None:
 
 
 def clean_temporaries(directory: Path) -> list[str]:
-    """Remove temporary files a crashed writer left behind (``.NAME.*.tmp``)."""
+    """Remove temporary files a crashed writer left behind (``.NAME.*.tmp``), and the recycled
+    parts of a sharded checkpoint (``.recycled.dcp``, made again by the next retention)."""
     removed = []
     if directory.is_dir():
         for entry in directory.iterdir():
-            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                _remove(entry)
+            if entry.name == SHARD_RECYCLED or (entry.name.startswith(".")
+                                                and entry.name.endswith(".tmp")):
+                remove_checkpoint(entry)
                 removed.append(entry.name)
     return removed
 

@@ -51,7 +51,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (
     FileSystem,
     FileSystemReader,
@@ -72,12 +72,15 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
-from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
+from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir, fsync_file
 from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
 from ecrl.contract.shardfile import (
+    ALIGN,
+    BYTE_CHUNKS_SINCE,
     MANIFEST,
     METADATA_FILE,
+    RECYCLED,
     SUFFIX,
     VerifiedShards,
     chunk_key,
@@ -86,7 +89,13 @@ from ecrl.contract.shardfile import (
     pack_chunks,
 )
 from ecrl.runtime import statepack
-from ecrl.runtime.persist import CRASH_EXIT_CODE, DISK_FULL_POINT, CrashHook, apply_retention
+from ecrl.runtime.persist import (
+    CRASH_EXIT_CODE,
+    DISK_FULL_POINT,
+    CrashHook,
+    apply_retention,
+    remove_checkpoint,
+)
 from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, storage_key, warn
 from ecrl.runtime.strategies import CheckpointContext, Strategy
 
@@ -119,10 +128,59 @@ class _Crash:
         return self.point == point
 
 
-_HASH_LATER_MIN = 1 << 20
-"""Writes at least this large whose bytes lie in a chunk of the checkpoint are hashed from the
-chunk, after the write call returned; smaller ones (torch.save's zip headers, from buffers it
-reuses) are copied for the hashing thread."""
+class _ChunkBytes(io.BytesIO):
+    """A chunk handed to DCP as a byte entry, without its bytes ever being gathered in one buffer:
+    the pieces (offset in the chunk, tensor) are written one after the other, zero-padded to their
+    offsets, straight from where they lie (the live state under ``sharded``, whose training waits
+    for the commit; the staged chunk under ``sharded-async``). DCP writes a byte entry as
+    ``stream.write(entry.getbuffer())``, and :class:`_HashingStream` knows this object; nothing is
+    copied into a chunk first and nothing goes through ``torch.save`` (its zip framing and CRC-32
+    cost about as much as the write itself). ``io.BytesIO`` only because DCP requires that type of
+    a byte entry; the base object stays empty."""
+
+    def __init__(self, pieces: list[tuple[int, torch.Tensor]], nbytes: int) -> None:
+        super().__init__()
+        self.pieces = sorted(pieces, key=lambda piece: piece[0])
+        self.nbytes = nbytes
+
+    def getbuffer(self) -> Any:
+        return self
+
+    def views(self) -> Iterator[memoryview]:
+        """The chunk's bytes in order, as views of the pieces and of zero padding."""
+        at = 0
+        for offset, tensor in self.pieces:
+            if offset < at:
+                raise ValueError(f"chunk pieces overlap at byte {offset}")
+            yield from _zeros(offset - at)
+            view = _byte_view(tensor)
+            yield view
+            at = offset + view.nbytes
+        if at > self.nbytes:
+            raise ValueError(f"chunk pieces end at byte {at}, past the chunk's {self.nbytes}")
+        yield from _zeros(self.nbytes - at)
+
+
+_ZEROS = memoryview(bytes(ALIGN))
+
+
+def _zeros(count: int) -> Iterator[memoryview]:
+    while count > 0:
+        yield _ZEROS[:min(count, ALIGN)]
+        count -= ALIGN
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of ``tensor`` (any dtype, any device) as a flat view, copied only when the tensor
+    is not a contiguous CPU tensor."""
+    flat = tensor.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    array: Any = flat.numpy()
+    return memoryview(array)
 
 
 class _HashingStream:
@@ -130,22 +188,23 @@ class _HashingStream:
 
     DCP writes a part front to back (``tell`` for offsets, ``write``, ``flush``, ``fsync``), so
     the digest of what passed through is the digest of the file: no second pass reads the part
-    back from the page cache to checksum it. A thread hashes the bytes in write order while the
-    writer goes on: the hash of a chunk runs under DCP's ``fsync`` of the part (a wait for the
-    disk, when the cores are free) instead of before it. ``stable(address, nbytes)`` says whether
-    a written buffer is memory nobody changes until the digest is taken (the checkpoint's own
-    chunks): only those are hashed from where they lie, everything else from a copy."""
+    back from the page cache to checksum it. A thread hashes the bytes in write order, and starts
+    only at ``flush`` (which DCP calls right before its ``fsync``): the writes have the core to
+    themselves, and the hash runs while the process waits for the disk. A chunk's pieces
+    (:class:`_ChunkBytes`) stay unchanged until the save ends, so they are hashed from where they
+    lie; any other buffer (DCP's own small writes) is hashed from a copy."""
 
-    def __init__(self, raw: BinaryIO, stable: Callable[[int, int], bool]) -> None:
+    def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
         self.sha256 = hashlib.sha256()
         self.size = 0
-        self._stable = stable
         self._pending: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._go = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
 
     def _hash_in_order(self) -> None:
+        self._go.wait()
         while (segment := self._pending.get()) is not None:
             if self._failed is None:
                 try:
@@ -154,15 +213,16 @@ class _HashingStream:
                     self._failed = exc
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if view.nbytes >= _HASH_LATER_MIN and self._stable(_address(view), view.nbytes):
-            segment: Any = view
-        else:
-            segment = bytes(view)
         if self._thread is None:
             self._thread = threading.Thread(target=self._hash_in_order, daemon=True,
                                             name="ecrl-part-hash")
             self._thread.start()
+        if isinstance(data, _ChunkBytes):
+            return sum(self._write(view, view) for view in data.views())
+        view = memoryview(data).cast("B")
+        return self._write(view, bytes(view))
+
+    def _write(self, view: memoryview, segment: Any) -> int:
         self._pending.put(segment)
         written = self.raw.write(view)
         if written != len(view):  # a buffered file writes all or raises; anything else is a bug
@@ -178,9 +238,15 @@ class _HashingStream:
             raise self._failed
         return self.sha256.hexdigest()
 
-    def stop(self) -> None:
+    def finish(self) -> None:
+        """No more writes: the thread hashes what is queued and ends by itself."""
         if self._thread is not None:
             self._pending.put(None)
+            self._go.set()
+
+    def stop(self) -> None:
+        self.finish()
+        if self._thread is not None:
             self._thread.join()
             self._thread = None
 
@@ -189,32 +255,37 @@ class _HashingStream:
 
     def flush(self) -> None:
         self.raw.flush()
+        self._go.set()
 
     def fileno(self) -> int:
         return self.raw.fileno()
 
     def close(self) -> None:
-        self.raw.close()
-
-
-def _address(view: memoryview) -> int:
-    """Where a (possibly read-only) buffer's bytes start in memory."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        """Cut off what a recycled file held past the content written (DCP closes the stream
+        when the part is complete), then close."""
+        if not self.raw.closed:
+            self.raw.truncate()
+            self.raw.close()
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system whose new files are hashed as they are written."""
+    """DCP's local file system whose new files are hashed as they are written. A file's hash may
+    still be running when its stream closes (it runs under the ``fsync`` that follows):
+    :meth:`digest` waits for it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.digests: dict[str, tuple[str, int]] = {}
-        """File name → (``sha256:<hex>``, size) of every file written whole."""
-        self.stable: list[tuple[int, int]] = []
-        """(address, bytes) of the chunks: memory that stays unchanged until the save ends."""
+        self._hashing: dict[str, _HashingStream] = {}
 
-    def _is_stable(self, address: int, nbytes: int) -> bool:
-        return any(start <= address and address + nbytes <= start + size
-                   for start, size in self.stable)
+    def digest(self, name: str) -> tuple[str, int]:
+        """(``sha256:<hex>``, size) of the file ``name`` written whole through this system."""
+        hashing = self._hashing[name]
+        return f"{CHECKSUM_ALGORITHM}:{hashing.hexdigest()}", hashing.size
+
+    @property
+    def digests(self) -> dict[str, tuple[str, int]]:
+        """File name → (``sha256:<hex>``, size) of every file written whole."""
+        return {name: self.digest(name) for name in self._hashing}
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
@@ -222,32 +293,76 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with open(path, "wb") as raw:
-            hashing = _HashingStream(raw, self._is_stable)
+        raw: BinaryIO
+        try:  # a recycled part (:func:`_retire`) is written over, in place
+            raw = open(path, "r+b")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:
+            raw = open(path, "wb")  # noqa: SIM115
+        with raw:
+            hashing = _HashingStream(raw)
             try:
                 yield hashing
-            finally:
+                hashing.close()
+            except BaseException:
                 hashing.stop()
-        self.digests[Path(path).name] = (f"{CHECKSUM_ALGORITHM}:{hashing.hexdigest()}",
-                                         hashing.size)
+                raise
+        hashing.finish()
+        self._hashing[Path(path).name] = hashing
+
+
+def _retire(path: Path) -> None:
+    """Retention's removal of a checkpoint: a sharded one's parts are recycled, not deleted.
+
+    Writing a new 94 MB file took 230-250 ms here, writing over a recycled one whose pages are
+    still in the page cache 17 ms: the pages of a new file are memory the kernel must first hand
+    out (on this virtual machine each page's first touch is paid to the host), the recycled file's
+    are there already, and its blocks are allocated. Databases recycle their log segments for the
+    same reason."""
+    if path.name.endswith(SUFFIX) and path.is_dir() and not path.is_symlink():
+        recycled = path.parent / RECYCLED
+        with contextlib.suppress(OSError):
+            for entry in path.iterdir():
+                if not entry.name.endswith(".distcp"):
+                    entry.unlink()  # first the manifest: from here on it is no checkpoint
+            shutil.rmtree(recycled, ignore_errors=True)
+            os.rename(path, recycled)
+            return
+    remove_checkpoint(path)
+
+
+def _take_recycled(directory: Path, tmp: Path) -> bool:
+    """Make the recycled parts the temporary directory ``tmp`` of the next checkpoint."""
+    try:
+        os.rename(directory / RECYCLED, tmp)
+    except OSError:
+        return False
+    return True
 
 
 class _Writer(FileSystemWriter):
     """DCP's file writer, remembering the files this rank wrote and their digests (taken while
-    writing); crash points for tests."""
+    writing); crash points for tests.
+
+    DCP would fsync each part right after writing it. On ext4 an fsync commits the journal, and
+    another rank still writing its part into the same file system waits for that commit (its
+    writes dirty the inode, which needs a journal handle): measured here, a rank's 94 MB write
+    took 150-250 ms beside a peer's fsync instead of 35-50 ms alone. So DCP does not fsync
+    (``sync_files=False``); :meth:`make_durable` does, once every rank has written (``dcp.save``
+    returns after DCP gathered every rank's write results and rank 0 wrote ``.metadata``)."""
 
     def __init__(self, path: Path, crash: _Crash) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1,
+        super().__init__(path, single_file_per_rank=True, sync_files=False, thread_count=1,
                          overwrite=True)
         self.fs: _HashingFileSystem = _HashingFileSystem()
         self.crash = crash
         self.written: list[str] = []
-        self.entries: set[str] = set()
-        """The DCP entries (chunks) this rank wrote."""
 
-    def part_digests(self) -> dict[str, dict[str, Any]]:
-        """``{part: {"checksum", "size"}}`` of the parts this rank wrote."""
-        return {part: dict(zip(("checksum", "size"), self.fs.digests[part], strict=True))
+    def make_durable(self, *, metadata: bool) -> dict[str, dict[str, Any]]:
+        """fsync the parts this rank wrote (and DCP's ``.metadata``, on rank 0), their hashes
+        finishing meanwhile; returns ``{part: {"checksum", "size"}}`` of the parts."""
+        for name in [*self.written, *([METADATA_FILE] if metadata else [])]:
+            fsync_file(Path(self.path) / name)
+        return {part: dict(zip(("checksum", "size"), self.fs.digest(part), strict=True))
                 for part in self.written}
 
     def write_data(self, plan: Any, planner: Any) -> TorchFuture[list[WriteResult]]:
@@ -258,7 +373,6 @@ class _Writer(FileSystemWriter):
         future = super().write_data(plan, planner)
         results = future.wait()
         self.written = sorted({r.storage_data.relative_path for r in results})
-        self.entries = {r.index.fqn for r in results}
         self.crash.at("after-parts")
         return future
 
@@ -310,21 +424,52 @@ class _Reader(FileSystemReader):
         return metadata
 
 
+class _ChunkPlanner(DefaultSavePlanner):
+    """DCP's save planner that hands a chunk's byte entry to the writer as it is: DCP's default
+    pickles the object of a byte entry with ``torch.save`` first."""
+
+    def transform_object(self, write_item: Any, object: Any) -> Any:
+        if isinstance(object, _ChunkBytes):
+            return object
+        return super().transform_object(write_item, object)
+
+
+class _BytesIntoChunks(DefaultLoadPlanner):
+    """DCP's load planner that copies each chunk's byte entry into the chunk's tensor (format 3)
+    instead of handing the bytes to ``torch.load`` as DCP's default does."""
+
+    def __init__(self, chunks: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self._chunks = chunks
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        name = read_item.dest_index.fqn
+        target, data = self._chunks[name], value.getbuffer()
+        if data.nbytes != target.numel():
+            raise CheckpointError(f"chunk {name} holds {data.nbytes} bytes, the manifest says "
+                                  f"{target.numel()}")
+        target.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+
+
 def load(ckpt: VerifiedShards) -> Any:
     """The state tree of a verified sharded checkpoint (CPU tensors), at any world size."""
     entries: list[dict[str, Any]] = ckpt.manifest["tensors"]
     try:
-        targets = {str(c["key"]): torch.empty(int(c["nbytes"]), dtype=torch.uint8)
+        buffers = {str(c["key"]): torch.empty(int(c["nbytes"]), dtype=torch.uint8)
                    for c in ckpt.manifest["chunks"]}
-        chunks = [targets[chunk_key(int(e["chunk"]))] for e in entries]
+        chunks = [buffers[chunk_key(int(e["chunk"]))] for e in entries]
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"{ckpt.path}: the manifest does not say where its tensors lie"
                               ) from None
+    # Format 2 stored each chunk as a uint8 tensor entry (torch.save'd), format 3 as raw bytes.
+    as_bytes = ckpt.manifest["version"] >= BYTE_CHUNKS_SINCE
+    targets: dict[str, Any] = {k: io.BytesIO() for k in buffers} if as_bytes else buffers
     try:
         with warnings.catch_warnings():
             # "assuming the intent is to load in a single process": it is (every rank loads all).
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(targets, storage_reader=_Reader(ckpt.path), no_dist=True)
+            dcp.load(targets, storage_reader=_Reader(ckpt.path), no_dist=True,
+                     planner=_BytesIntoChunks(buffers) if as_bytes else None)
     except CheckpointException as exc:
         raise CheckpointError(f"{ckpt.path}: DCP could not load it ({_first_line(exc)})") from None
 
@@ -374,25 +519,6 @@ def _placed(chunks: dict[int, torch.Tensor], place: tuple[int, int], like: torch
     chunk, offset = place
     nbytes = like.numel() * like.element_size()
     return chunks[chunk].narrow(0, offset, nbytes).view(like.dtype).view(like.shape)
-
-
-class _FillingPlanner(DefaultSavePlanner):
-    """DCP's planner that copies a chunk's tensors into it when DCP asks for the chunk's data
-    (``fill``; None when the chunks are filled already): only for the chunks this rank writes
-    (DCP's plan gives each chunk to one rank), so a rank copies its share of the state, not all
-    of it. ``resolved`` names the chunks DCP asked for, to check against what it wrote."""
-
-    def __init__(self, fill: Callable[[str], None] | None = None) -> None:
-        super().__init__()
-        self._fill = fill
-        self.resolved: set[str] = set()
-
-    def resolve_data(self, write_item: Any) -> Any:
-        name = write_item.index.fqn
-        if self._fill is not None:
-            self._fill(name)
-        self.resolved.add(name)
-        return super().resolve_data(write_item)
 
 
 @dataclass(slots=True)
@@ -454,8 +580,6 @@ class ShardedCheckpoints(Strategy):
         self._hook = CrashHook.from_env(attempt=ctx.attempt)
         self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
         self._group: Any = None
-        self._chunk_buffers: dict[int, torch.Tensor] = {}
-        """``sharded``: the chunk this rank writes, kept from one checkpoint to the next."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -479,7 +603,7 @@ class ShardedCheckpoints(Strategy):
         digest = hashlib.sha256(json.dumps([tree, [{k: e[k] for k in ("dtype", "shape")}
                                                    for e in entries]]).encode()).hexdigest()
         digests: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(digests, digest)
+        dist.all_gather_object(digests, digest, group=self._group)
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         if odd:
             raise CheckpointError(
@@ -492,20 +616,19 @@ class ShardedCheckpoints(Strategy):
     def _capture(self, step: int) -> _Job:
         t0 = time.perf_counter()
         self.prepare()  # a no-op after the first time (every rank gets here together)
-        state = statepack.encode(self.ctx.capture(self._all_rngs()), meta={})
-        self._same_everywhere(state.tree, state.entries)
+        # The structure check across ranks (_same_everywhere) runs in _persist: for
+        # sharded-async on its thread, not in the training's stall.
+        tree, values, entries = statepack.encode_tree(self.ctx.capture(self._all_rngs()))
         tensors: dict[str, torch.Tensor] = {}
-        places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in state.entries],
+        places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in entries],
                                           self.ctx.world_size)
-        entries = []
         for index, (value, entry, (chunk, offset)) in enumerate(
-                zip(state.tensors, state.entries, places, strict=True)):
+                zip(values, entries, places, strict=True)):
             if isinstance(value, np.ndarray):
                 value = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
             tensors[f"t{index:05d}"] = value
-            entries.append({**{k: v for k, v in entry.items() if k != "offset"},
-                            "chunk": chunk, "offset": offset})
-        return _Job(step=step, tensors=tensors, tree=state.tree, entries=entries, places=places,
+            entry["chunk"], entry["offset"] = chunk, offset
+        return _Job(step=step, tensors=tensors, tree=tree, entries=entries, places=places,
                     chunk_sizes=chunk_sizes, meta=self.ctx.meta(step),
                     snapshot_s=time.perf_counter() - t0)
 
@@ -533,35 +656,26 @@ class ShardedCheckpoints(Strategy):
             crash.at("during-persist")
             if not self._agree(job):
                 return
+        self._same_everywhere(job.tree, job.entries)
         directory = ctx.paths.checkpoints
         name = shard_name(job.step)
         tmp = directory / f".{name}.a{ctx.attempt}.tmp"
         t1 = time.perf_counter()
         if ctx.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            if not _take_recycled(directory, tmp):
+                tmp.mkdir(parents=True)
         if self._distributed:
             dist.barrier(group=self._group)
         crash.at("before-parts")
         writer = _Writer(tmp, crash)
-        chunks, planner = self._dcp_state(job)
-        writer.fs.stable = [(c.data_ptr(), c.numel()) for c in chunks.values() if c.numel()]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
-                dcp.save(chunks, storage_writer=writer, planner=planner, process_group=self._group,
+                dcp.save(self._dcp_state(job), storage_writer=writer,
+                         planner=_ChunkPlanner(), process_group=self._group,
                          no_dist=not self._distributed)
-            unfilled = sorted(writer.entries - planner.resolved)
-            if unfilled:
-                # A chunk DCP wrote without asking the planner for it holds the bytes of an
-                # earlier checkpoint (the buffers are reused), with a valid checksum: a resume
-                # from it would be a silent resume from an older state. Never committed.
-                raise CheckpointError(
-                    f"sharded checkpoint of step {job.step}: DCP wrote {', '.join(unfilled)} "
-                    "without asking the planner for its data, so its bytes were never copied "
-                    "from the state; this torch's DCP is not one ECRL supports for sharded "
-                    "checkpoints: use --strategy blocking or overlapped")
-            mine = writer.part_digests()
+            mine = writer.make_durable(metadata=ctx.rank == 0)
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
             problem = _disk_problem(exc)
@@ -581,6 +695,9 @@ class ShardedCheckpoints(Strategy):
             parts.update(theirs)
         checksum, size = file_checksum(tmp / METADATA_FILE)
         parts[METADATA_FILE] = {"checksum": checksum, "size": size}
+        for stray in tmp.iterdir():
+            if stray.name not in parts:  # a recycled part no rank of this world size wrote
+                stray.unlink()
         manifest = encode_manifest(meta=job.meta, tree=job.tree, tensors=job.entries,
                                    chunks=job.chunk_sizes,
                                    parts=parts)
@@ -624,7 +741,7 @@ class ShardedCheckpoints(Strategy):
                                   f"{exc.strerror or exc} ({exc.filename or ctx.paths.latest})"
                                   ) from None
         crash.at("after-pointer")
-        apply_retention(directory, latest_step=job.step, keep=ctx.keep)
+        apply_retention(directory, latest_step=job.step, keep=ctx.keep, retire=_retire)
 
     def _own_chunks(self, job: _Job) -> list[int]:
         """The chunks this rank writes: chunk ``rank`` (none when the state made fewer chunks
@@ -632,25 +749,17 @@ class ShardedCheckpoints(Strategy):
         uses, so no rank depends on how DCP would share out entries every rank holds."""
         return [self.ctx.rank] if self.ctx.rank < len(job.chunk_sizes) else []
 
-    def _dcp_state(self, job: _Job) -> tuple[dict[str, torch.Tensor], _FillingPlanner]:
-        """What DCP saves (this rank's chunk by key) and the planner that fills it."""
+    def _dcp_state(self, job: _Job) -> dict[str, _ChunkBytes]:
+        """What DCP saves: this rank's chunks by key, as byte entries written from their pieces
+        (the staged chunk itself under async; the live tensors under ``sharded``, never copied)."""
         if job.chunks is not None:  # staged and filled already (async)
-            return {chunk_key(k): c for k, c in job.chunks.items()}, _FillingPlanner()
-        wanted = {k: job.chunk_sizes[k] for k in self._own_chunks(job)}
-        if {k: c.numel() for k, c in self._chunk_buffers.items()} != wanted:
-            self._chunk_buffers = {k: torch.empty(n, dtype=torch.uint8) for k, n in wanted.items()}
-        chunks = self._chunk_buffers
-        members: dict[str, list[tuple[torch.Tensor, tuple[int, int]]]] = \
-            collections.defaultdict(list)
-        for tensor, place in zip(job.tensors.values(), job.places, strict=True):
-            if tensor.numel() and place[0] in chunks:
-                members[chunk_key(place[0])].append((tensor, place))
-
-        def fill(name: str) -> None:
-            for tensor, place in members.get(name, ()):
-                _placed(chunks, place, tensor).copy_(tensor)
-
-        return {chunk_key(k): c for k, c in chunks.items()}, _FillingPlanner(fill)
+            return {chunk_key(k): _ChunkBytes([(0, c)], c.numel()) for k, c in job.chunks.items()}
+        pieces: dict[int, list[tuple[int, torch.Tensor]]] = {k: [] for k in self._own_chunks(job)}
+        for tensor, (chunk, offset) in zip(job.tensors.values(), job.places, strict=True):
+            if tensor.numel() and chunk in pieces:
+                pieces[chunk].append((offset, tensor))
+        return {chunk_key(k): _ChunkBytes(members, job.chunk_sizes[k])
+                for k, members in pieces.items()}
 
     def _agree(self, job: _Job) -> bool:
         """Whether every rank's copy of the job's state is complete and exact."""
@@ -659,6 +768,7 @@ class ShardedCheckpoints(Strategy):
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
+            shutil.rmtree(self.ctx.paths.checkpoints / RECYCLED, ignore_errors=True)
 
 
 class AsyncShardedCheckpoints(ShardedCheckpoints):

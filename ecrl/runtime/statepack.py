@@ -60,6 +60,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
     """Separate ``state``'s tensors from its structure and plan the image layout."""
+    tree, tensors, entries = encode_tree(state)
+    layout = plan_layout(meta=meta, tensors=entries, tree=tree)
+    return EncodedState(tree=tree, tensors=tensors, entries=entries, layout=layout)
+
+
+def encode_tree(state: Any) -> tuple[Any, list[torch.Tensor | np.ndarray], list[dict[str, Any]]]:
+    """``state``'s structure (JSON), its tensors in order and an entry (dtype, shape, nbytes)
+    per tensor, without the single file's layout (sharded checkpoints place them in chunks)."""
     tensors: list[torch.Tensor | np.ndarray] = []
     entries: list[dict[str, Any]] = []
 
@@ -95,9 +103,7 @@ def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
             f"cannot checkpoint {where}: values of type {type(value).__name__} are not supported"
         )
 
-    tree = walk(state, "state")
-    layout = plan_layout(meta=meta, tensors=entries, tree=tree)
-    return EncodedState(tree=tree, tensors=tensors, entries=entries, layout=layout)
+    return walk(state, "state"), tensors, entries
 
 
 def snapshot_into(state: EncodedState, image: memoryview) -> None:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 import ecrl
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.runformat import RunPaths
-from ecrl.contract.shardfile import MANIFEST, file_checksum, read_verified_shards
+from ecrl.contract.shardfile import MANIFEST, RECYCLED, file_checksum, read_verified_shards
 from ecrl.runtime import _attempt
 from ecrl.runtime.persist import apply_retention, checkpoint_step, clean_temporaries, read_latest
 
@@ -106,7 +106,9 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
     manifest = json.loads((directory / MANIFEST).read_text())
     assert set(manifest["parts"]) == {"__0_0.distcp", ".metadata"}
     # one writer, one chunk: every tensor packed into c000 at an aligned offset of its own
-    assert manifest["version"] == 2 and [c["key"] for c in manifest["chunks"]] == ["c000"]
+    assert manifest["version"] == 3 and [c["key"] for c in manifest["chunks"]] == ["c000"]
+    # the part is the chunk's raw bytes (a DCP byte entry), nothing pickled around them
+    assert manifest["parts"]["__0_0.distcp"]["size"] == manifest["chunks"][0]["nbytes"]
     spans = sorted((e["offset"], e["offset"] + e["nbytes"]) for e in manifest["tensors"])
     assert all(e["chunk"] == 0 and e["offset"] % 64 == 0 for e in manifest["tensors"])
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
@@ -117,28 +119,55 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
     assert checked.meta["global_step"] == 7 and checked.checksum == latest["checksum"]
 
 
-def test_layout_and_checksums_when_chunks_are_hashed_after_their_write(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The tiny model's chunk is far below 1 MiB: lowered, the chunk's bytes take the deferred
-    # path (hashed from the chunk by the hashing thread), and the digests must still be the files'.
+def test_a_chunk_is_written_from_its_pieces_padded_to_their_offsets(tmp_path: Path) -> None:
+    import hashlib
+
     from ecrl.runtime import sharded
 
-    deferred: list[int] = []
-    stable = sharded._HashingFileSystem._is_stable
+    a = torch.arange(5, dtype=torch.float32)
+    b = torch.arange(6, dtype=torch.int64).reshape(2, 3).t()  # not contiguous: copied, in order
+    chunk = sharded._ChunkBytes([(64, b), (0, a)], 192)
+    fs = sharded._HashingFileSystem()
+    with fs.create_stream(tmp_path / "part", "wb") as stream:
+        assert stream.write(chunk.getbuffer()) == 192
+    data = (tmp_path / "part").read_bytes()
+    expected = (a.numpy().tobytes() + bytes(64 - 20) + b.contiguous().numpy().tobytes()
+                + bytes(192 - 64 - 48))
+    assert data == expected
+    assert fs.digests["part"] == (f"sha256:{hashlib.sha256(data).hexdigest()}", 192)
+    with pytest.raises(ValueError, match="overlap"):
+        list(sharded._ChunkBytes([(0, a), (16, a)], 192).views())
+    with pytest.raises(ValueError, match="past the chunk"):
+        list(sharded._ChunkBytes([(0, a)], 16).views())
 
-    def counting(self: Any, address: int, nbytes: int) -> bool:
-        found = stable(self, address, nbytes)
-        if found:
-            deferred.append(nbytes)
-        return found
 
-    monkeypatch.setattr(sharded, "_HASH_LATER_MIN", 64)
-    monkeypatch.setattr(sharded._HashingFileSystem, "_is_stable", counting)
-    directory = _sharded_run(tmp_path)
-    manifest = json.loads((directory / MANIFEST).read_text())
-    assert deferred and max(deferred) == manifest["chunks"][0]["nbytes"]
-    for name, info in manifest["parts"].items():
-        assert file_checksum(directory / name) == (info["checksum"], info["size"])
+def test_a_format_2_checkpoint_still_loads(
+        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Format 2 stored each chunk as a uint8 tensor entry, through DCP's default planner.
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from ecrl.contract import shardfile
+    from ecrl.runtime import sharded
+
+    new_state = sharded.ShardedCheckpoints._dcp_state
+
+    def as_tensors(self: Any, job: Any) -> dict[str, torch.Tensor]:
+        return {key: torch.frombuffer(bytearray(b"".join(bytes(v) for v in chunk.views())),
+                                      dtype=torch.uint8)
+                for key, chunk in new_state(self, job).items()}
+
+    with monkeypatch.context() as old:
+        old.setattr(sharded.ShardedCheckpoints, "_dcp_state", as_tensors)
+        old.setattr(sharded, "_ChunkPlanner", DefaultSavePlanner)
+        old.setattr(shardfile, "FORMAT_VERSION", 2)
+        cut, _ = _train(tmp_path, strategy="sharded", stop_after=9)
+    manifest = json.loads((tmp_path / "checkpoints" / "step-00000007.dcp" / MANIFEST).read_text())
+    assert manifest["version"] == 2
+    losses, final = whole
+    rest, resumed = _train(tmp_path, strategy="sharded")
+    assert cut[:8] + rest == losses
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
 def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reuses(
@@ -148,16 +177,15 @@ def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reu
     from ecrl.runtime import sharded
 
     fs = sharded._HashingFileSystem()
-    chunk = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8)  # 3 MiB, registered
-    fs.stable = [(chunk.data_ptr(), chunk.numel())]
-    reused = bytearray(b"h" * (2 << 20))  # 2 MiB, not registered: changed after each write
+    chunk = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8)  # 3 MiB, hashed in place
+    reused = bytearray(b"h" * (2 << 20))  # 2 MiB, not a chunk: changed after each write
     path = tmp_path / "part"
     with fs.create_stream(path, "wb") as stream:
         for _ in range(3):
             stream.write(memoryview(b"header"))
             stream.write(memoryview(reused))
             reused[:] = b"x" * len(reused)
-            stream.write(memoryview(chunk.numpy()))
+            stream.write(sharded._ChunkBytes([(0, chunk)], chunk.numel()))
     data = path.read_bytes()
     assert fs.digests["part"] == (f"sha256:{hashlib.sha256(data).hexdigest()}", len(data))
     assert data.count(b"h" * 1024) > 0 and len(data) == 3 * (6 + (2 << 20) + (3 << 20))
@@ -248,7 +276,54 @@ def test_retention_and_temporaries_handle_directories(tmp_path: Path) -> None:
     assert sorted(p.name for p in directory.iterdir()) == [
         ".step-00000019.dcp.a1.tmp", "step-00000007.dcp", "step-00000011.dcp",
         "step-00000015.dcp"]
-    assert clean_temporaries(directory) == [".step-00000019.dcp.a1.tmp"]
+    (directory / RECYCLED).mkdir()
+    assert sorted(clean_temporaries(directory)) == [".recycled.dcp", ".step-00000019.dcp.a1.tmp"]
+
+
+def test_a_retired_checkpoint_s_parts_are_written_over_and_resume_exactly(
+        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecrl.runtime import sharded
+
+    taken: list[bool] = []
+    take = sharded._take_recycled
+    monkeypatch.setattr(sharded, "_take_recycled",
+                        lambda *args: taken.append(take(*args)) or taken[-1])
+    cut, _ = _train(tmp_path, strategy="sharded", every=2, stop_after=9)
+    # checkpoints after 1, 3, 5, 7, 9; two kept: from the fourth on each wrote over a retired one
+    assert taken == [False, False, False, True, True]
+    checkpoints = tmp_path / "checkpoints"
+    assert not (checkpoints / RECYCLED).exists()  # close() removes the last retired parts
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.path == "step-00000009.dcp"
+    read_verified_shards(checkpoints / latest.path, expected_checksum=latest.checksum)
+    losses, final = whole
+    rest, resumed = _train(tmp_path, strategy="sharded", every=2)
+    assert cut[:10] + rest == losses
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+
+
+def test_retirement_keeps_only_the_parts_and_a_recycled_file_is_cut_to_its_new_content(
+        tmp_path: Path) -> None:
+    from ecrl.runtime import sharded
+
+    old = tmp_path / "step-00000003.dcp"
+    old.mkdir()
+    for name in ("__0_0.distcp", "__1_0.distcp", ".metadata", MANIFEST):
+        (old / name).write_bytes(b"o" * 100)
+    sharded._retire(old)
+    recycled = tmp_path / RECYCLED
+    assert not old.exists() and sorted(p.name for p in recycled.iterdir()) == [
+        "__0_0.distcp", "__1_0.distcp"]  # no manifest: never mistaken for a checkpoint
+    tmp = tmp_path / ".step-00000011.dcp.a0.tmp"
+    assert sharded._take_recycled(tmp_path, tmp) and not recycled.exists()
+    assert not sharded._take_recycled(tmp_path, tmp_path / "other")
+    fs = sharded._HashingFileSystem()
+    with fs.create_stream(tmp / "__0_0.distcp", "wb") as stream:
+        stream.write(memoryview(b"new"))
+    assert (tmp / "__0_0.distcp").read_bytes() == b"new"
+    assert fs.digests["__0_0.distcp"][1] == 3
+    sharded._retire(tmp_path / "step-00000005.ckpt")  # a file: deleted as before (missing: fine)
 
 
 _SCRIPT = textwrap.dedent("""
@@ -276,32 +351,6 @@ def test_a_crash_at_any_point_leaves_latest_on_the_previous_whole_checkpoint(
     assert latest is not None and latest.global_step == 3  # the 2nd checkpoint (7) never landed
     read_verified_shards(tmp_path / "run" / "checkpoints" / latest.path,
                          expected_checksum=latest.checksum)
-
-
-def test_a_chunk_written_without_being_filled_is_refused_and_never_committed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The chunk buffers are reused: a chunk DCP wrote without asking the planner for its data
-    # would carry the previous checkpoint's bytes under a valid checksum.
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-
-    from ecrl.runtime import sharded
-
-    filling = sharded._FillingPlanner.resolve_data
-    calls: list[int] = []
-
-    def second_save_unfilled(self: Any, write_item: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:  # one chunk per save at one rank: the checkpoint after step 7
-            return DefaultSavePlanner.resolve_data(self, write_item)
-        return filling(self, write_item)
-
-    monkeypatch.setattr(sharded._FillingPlanner, "resolve_data", second_save_unfilled)
-    with pytest.raises(CheckpointError, match=r"step 7: DCP wrote c000 without asking the "
-                                              r"planner for its data"):
-        _train(tmp_path, strategy="sharded")
-    latest = read_latest(RunPaths.of(tmp_path))
-    assert latest is not None and latest.global_step == 3
-    assert not (tmp_path / "checkpoints" / "step-00000007.dcp").exists()
 
 
 def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(

@@ -40,7 +40,7 @@ def _completed(runs: RunCache, name: str, *args: str) -> Run:
 
 
 def _dcp_dirs(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "checkpoints").iterdir() if p.name.endswith(".dcp"))
+    return sorted((root / "checkpoints").glob("step-*.dcp"))
 
 
 @pytest.mark.parametrize("strategy", ["sharded", "sharded-async"])
