@@ -24,16 +24,7 @@ Hook = Callable[[str], None] | None
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make the entries of ``directory`` (creations, renames) durable."""
-    _fsync_path(directory, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def fsync_file(path: str | os.PathLike[str]) -> None:
-    """Make the content of the file at ``path`` durable (written and closed by someone else)."""
-    _fsync_path(path, os.O_RDONLY)
-
-
-def _fsync_path(path: str | os.PathLike[str], flags: int) -> None:
-    fd = os.open(path, flags)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

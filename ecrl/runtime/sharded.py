@@ -72,7 +72,7 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
-from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir, fsync_file
+from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
 from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
 from ecrl.contract.shardfile import (
@@ -269,9 +269,8 @@ class _HashingStream:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system whose new files are hashed as they are written. A file's hash may
-    still be running when its stream closes (it runs under the ``fsync`` that follows):
-    :meth:`digest` waits for it."""
+    """DCP's local file system whose new files are hashed as they are written; :meth:`digest`
+    waits for a file's hash to finish."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -341,27 +340,17 @@ def _take_recycled(directory: Path, tmp: Path) -> bool:
 
 class _Writer(FileSystemWriter):
     """DCP's file writer, remembering the files this rank wrote and their digests (taken while
-    writing); crash points for tests.
-
-    DCP would fsync each part right after writing it. On ext4 an fsync commits the journal, and
-    another rank still writing its part into the same file system waits for that commit (its
-    writes dirty the inode, which needs a journal handle): measured here, a rank's 94 MB write
-    took 150-250 ms beside a peer's fsync instead of 35-50 ms alone. So DCP does not fsync
-    (``sync_files=False``); :meth:`make_durable` does, once every rank has written (``dcp.save``
-    returns after DCP gathered every rank's write results and rank 0 wrote ``.metadata``)."""
+    writing); crash points for tests."""
 
     def __init__(self, path: Path, crash: _Crash) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=False, thread_count=1,
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1,
                          overwrite=True)
         self.fs: _HashingFileSystem = _HashingFileSystem()
         self.crash = crash
         self.written: list[str] = []
 
-    def make_durable(self, *, metadata: bool) -> dict[str, dict[str, Any]]:
-        """fsync the parts this rank wrote (and DCP's ``.metadata``, on rank 0), their hashes
-        finishing meanwhile; returns ``{part: {"checksum", "size"}}`` of the parts."""
-        for name in [*self.written, *([METADATA_FILE] if metadata else [])]:
-            fsync_file(Path(self.path) / name)
+    def part_digests(self) -> dict[str, dict[str, Any]]:
+        """``{part: {"checksum", "size"}}`` of the parts this rank wrote."""
         return {part: dict(zip(("checksum", "size"), self.fs.digest(part), strict=True))
                 for part in self.written}
 
@@ -675,7 +664,7 @@ class ShardedCheckpoints(Strategy):
                 dcp.save(self._dcp_state(job), storage_writer=writer,
                          planner=_ChunkPlanner(), process_group=self._group,
                          no_dist=not self._distributed)
-            mine = writer.make_durable(metadata=ctx.rank == 0)
+            mine = writer.part_digests()
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
             problem = _disk_problem(exc)
