@@ -331,7 +331,8 @@ _SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from test_sharded import _train
-    _train(Path(sys.argv[1]), strategy=sys.argv[2], stop_after=9)
+    _train(Path(sys.argv[1]), strategy=sys.argv[2], stop_after=9,
+           every=int(sys.argv[3]) if len(sys.argv) > 3 else 4)
 """)
 
 
@@ -351,6 +352,29 @@ def test_a_crash_at_any_point_leaves_latest_on_the_previous_whole_checkpoint(
     assert latest is not None and latest.global_step == 3  # the 2nd checkpoint (7) never landed
     read_verified_shards(tmp_path / "run" / "checkpoints" / latest.path,
                          expected_checksum=latest.checksum)
+
+
+def test_a_crash_while_writing_over_recycled_parts_keeps_both_kept_checkpoints(
+        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    # every 2 steps: checkpoints after 1, 3, 5, 7; the 4th (7) writes over the parts of the 1st
+    # (retired when 5 was committed) and dies once they are written, before anything is committed
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ECRL_CRASH_AT": "sharded:after-parts:4"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), "sharded", "2"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 137, proc.stderr
+    checkpoints = tmp_path / "checkpoints"
+    assert not (checkpoints / RECYCLED).exists()  # taken by the 4th, whose temporary is left
+    assert [p.name for p in checkpoints.glob(".step-00000007.dcp.*.tmp")]
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.global_step == 5
+    for step in (3, 5):  # the newest and its fallback, both whole
+        read_verified_shards(checkpoints / f"step-{step:08d}.dcp")
+    losses, final = whole
+    rest, resumed = _train(tmp_path, strategy="sharded", every=2)
+    assert rest == losses[6:]
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
 def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(
