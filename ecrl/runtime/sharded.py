@@ -605,9 +605,12 @@ class ShardedCheckpoints(Strategy):
     def _capture(self, step: int) -> _Job:
         t0 = time.perf_counter()
         self.prepare()  # a no-op after the first time (every rank gets here together)
+        return self._job(self.ctx.capture(self._all_rngs()), step, t0)
+
+    def _job(self, state: Any, step: int, t0: float) -> _Job:
         # The structure check across ranks (_same_everywhere) runs in _persist: for
         # sharded-async on its thread, not in the training's stall.
-        tree, values, entries = statepack.encode_tree(self.ctx.capture(self._all_rngs()))
+        tree, values, entries = statepack.encode_tree(state)
         tensors: dict[str, torch.Tensor] = {}
         places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in entries],
                                           self.ctx.world_size)
@@ -778,6 +781,22 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         self._pipeline = SnapshotPipeline(ctx.optimizers, on_ready=self._copied,
                                           on_torn=self._torn) if ctx.optimizers else None
         self._synchronous = False
+        self._staged_ahead = False
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._staged_ahead:
+            # One staging set is allocated and written once now (after the attempt's first
+            # step), as overlapped populates its buffer: otherwise the first checkpoint's copy
+            # pays every page's first touch (about 100 ms of stall for ResNet-50 here). The
+            # layout comes from this rank's RNG state in every rank's place: the same dtypes and
+            # shapes as the gathered ones, with no collective.
+            self._staged_ahead = True
+            rngs = [statepack.rng_state()] * self.ctx.world_size
+            job = self._job(self.ctx.capture(rngs), 0, time.perf_counter())
+            self._stage(job)
+            if job.staging is not None:
+                self._free.append(job.staging)
 
     def _settle(self, future: Future[None], job: _Job) -> None:
         try:

@@ -303,6 +303,27 @@ def test_a_retired_checkpoint_s_parts_are_written_over_and_resume_exactly(
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
+def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecrl.runtime import sharded
+
+    seen: list[tuple[list[int], int]] = []
+    chunks: list[Any] = []
+    stage = sharded.AsyncShardedCheckpoints._stage
+
+    def recording(self: Any, job: Any, later: frozenset[str] = frozenset()) -> None:
+        seen.append((list(self._free), len(self._staging)))
+        stage(self, job, later)
+        chunks.append(self._staging[job.staging][1])
+
+    monkeypatch.setattr(sharded.AsyncShardedCheckpoints, "_stage", recording)
+    _train(tmp_path, strategy="sharded-async", stop_after=4)
+    # prepare() (after the first step) allocates and writes a set; the first checkpoint (after
+    # step 3) finds it free, with the layout of the real state: no second allocation
+    assert seen == [([], 0), ([0], 1)]  # once ahead, once for the one checkpoint (step 3)
+    assert chunks[1] is chunks[0]
+
+
 def test_retirement_keeps_only_the_parts_and_a_recycled_file_is_cut_to_its_new_content(
         tmp_path: Path) -> None:
     from ecrl.runtime import sharded
