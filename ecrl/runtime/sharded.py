@@ -281,11 +281,6 @@ class _HashingFileSystem(FileSystem):
         hashing = self._hashing[name]
         return f"{CHECKSUM_ALGORITHM}:{hashing.hexdigest()}", hashing.size
 
-    @property
-    def digests(self) -> dict[str, tuple[str, int]]:
-        """File name → (``sha256:<hex>``, size) of every file written whole."""
-        return {name: self.digest(name) for name in self._hashing}
-
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
         if mode != "wb":
@@ -689,7 +684,7 @@ class ShardedCheckpoints(Strategy):
         parts[METADATA_FILE] = {"checksum": checksum, "size": size}
         for stray in tmp.iterdir():
             if stray.name not in parts:  # a recycled part no rank of this world size wrote
-                stray.unlink()
+                remove_checkpoint(stray)
         manifest = encode_manifest(meta=job.meta, tree=job.tree, tensors=job.entries,
                                    chunks=job.chunk_sizes,
                                    parts=parts)
