@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 from ecrl.contract.errors import ConfigError, EcrlError, RunFormatError, SemanticsError
 
 if TYPE_CHECKING:
-    from ecrl.runtime.batch_sampler import GlobalBatchSampler
-    from ecrl.runtime.checkpointer import Checkpointer
-    from ecrl.runtime.sample_ids import WithSampleIds
-    from ecrl.runtime.steplog import StepLog
+    from ecrl.runtime.checkpoint.checkpointer import Checkpointer
+    from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+    from ecrl.runtime.sampling.sample_ids import WithSampleIds
+    from ecrl.runtime.sampling.steplog import StepLog
 
 __all__ = ["Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler", "RunFormatError",
            "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GlobalBatchSampler": "ecrl.runtime.batch_sampler",
-    "WithSampleIds": "ecrl.runtime.sample_ids",
-    "StepLog": "ecrl.runtime.steplog",
-    "Checkpointer": "ecrl.runtime.checkpointer",
+    "GlobalBatchSampler": "ecrl.runtime.sampling.batch_sampler",
+    "WithSampleIds": "ecrl.runtime.sampling.sample_ids",
+    "StepLog": "ecrl.runtime.sampling.steplog",
+    "Checkpointer": "ecrl.runtime.checkpoint.checkpointer",
 }
 
 

@@ -65,7 +65,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config.strategy not in BUILT_STRATEGIES:
         return _not_built(f"run --strategy {config.strategy}",
                           f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
-    from ecrl.runtime.supervisor import Supervisor
+    from ecrl.runtime.supervision.supervisor import Supervisor
 
     return Supervisor(config).run()
 
@@ -120,7 +120,12 @@ def _add_launch_flags(p: argparse.ArgumentParser) -> None:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import time
 
-    from ecrl.runtime.launcher import LAUNCH_KEYS, launch_config, normalize_program, run_launch
+    from ecrl.runtime.supervision.launcher import (
+        LAUNCH_KEYS,
+        launch_config,
+        normalize_program,
+        run_launch,
+    )
 
     flags = {key: getattr(args, key) for key in LAUNCH_KEYS}
     flags["out"] = args.out

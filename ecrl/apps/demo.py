@@ -13,7 +13,7 @@ from pathlib import Path
 from ecrl.contract.errors import ConfigError, RunFormatError
 from ecrl.contract.runformat import RunManifest, read_json_record
 from ecrl.runtime.runconfig import RunConfig
-from ecrl.runtime.supervisor import EXIT_OK, Supervisor
+from ecrl.runtime.supervision.supervisor import EXIT_OK, Supervisor
 
 __all__ = ["DEMO_CONFIG", "DEMO_MARKER", "run_demo"]
 

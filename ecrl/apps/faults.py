@@ -210,7 +210,7 @@ def _rank_pid(root: Path, rank: int) -> int | None:
         except OSError:
             continue
         if want in environ and f"RANK={rank}".encode() in environ \
-                and b"ecrl.runtime.trainer" in cmdline:
+                and b"ecrl.runtime.trainer.trainer" in cmdline:
             return int(entry.name)
     return None
 
@@ -287,7 +287,7 @@ def _expected(root: Path, which: str | None) -> int | None:
     """The step of the stopped run's newest checkpoint, or of the one before it."""
     if which is None:
         return None
-    from ecrl.runtime.persist import checkpoint_step
+    from ecrl.runtime.checkpoint.persist import checkpoint_step
 
     latest = json.loads((root / "checkpoints" / "latest.json").read_text())
     if which == "newest":
@@ -314,7 +314,7 @@ def _damage(root: Path, case: FaultCase) -> None:
                                           "checksum")},
                 "path": f"step-{STEPS - 1:08d}{suffix}", "global_step": STEPS - 1}))
         else:  # stale: the previous checkpoint, a whole and valid one
-            from ecrl.runtime.persist import checkpoint_step, read_checkpoint
+            from ecrl.runtime.checkpoint.persist import checkpoint_step, read_checkpoint
 
             older = sorted(p.name for p in checkpoints.iterdir()
                            if (s := checkpoint_step(p.name)) is not None
@@ -395,7 +395,7 @@ class _Campaign:
                 return self._result(case, root, t0, code, err,
                                     unsafe="the full disk was not refused")
             from ecrl.contract.ckptfile import CheckpointError
-            from ecrl.runtime.persist import read_checkpoint, read_latest
+            from ecrl.runtime.checkpoint.persist import read_checkpoint, read_latest
 
             paths = RunPaths.of(root)
             pointer = read_latest(paths)

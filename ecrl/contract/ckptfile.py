@@ -11,9 +11,9 @@
 
 Why not ``torch.save``: the training process must stop for as short a time as possible. Here
 "serialising" a state is one ``memcpy`` per tensor into a buffer laid out exactly like the file
-(see :mod:`ecrl.runtime.statepack`), so the background writer only has to hash and write bytes, and
-can do so without importing torch. Loading never unpickles anything: the header is JSON, so a
-tampered file cannot run code, and the footer's checksum is verified before a byte is trusted.
+(see :mod:`ecrl.runtime.checkpoint.statepack`), so the background writer only has to hash and write
+bytes, and can do so without importing torch. Loading never unpickles anything: the header is JSON,
+so a tampered file cannot run code, and the footer's checksum is verified before a byte is trusted.
 
 The image a writer receives is the file minus its footer plus :data:`FOOTER_SIZE` spare bytes;
 :func:`seal` fills them in.

@@ -14,12 +14,12 @@ entry ``c{k:03d}`` of dtype uint8: DCP's planner gives each replicated entry to 
 ranks still write equal shares, and DCP handles a few large entries instead of hundreds of small
 ones (each costs it a ``torch.save`` call, a plan item and a metadata record; ResNet-50 has
 ~480 tensors). ``tree``/``tensors`` are the StatePack tree of the state
-(:mod:`ecrl.runtime.statepack`); tensor ``i`` lies in chunk ``tensors[i]["chunk"]`` at byte
-``tensors[i]["offset"]`` (aligned to :data:`ALIGN`), and ``chunks[k]["nbytes"]`` is chunk ``k``'s
-size (:func:`pack_chunks` plans it). The manifest is written last, after every part and DCP's
-metadata are durable; ``parts`` maps every other file of the directory to its size and SHA-256.
-The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the manifest's
-bytes, so one checksum covers every part. Verifying a checkpoint
+(:mod:`ecrl.runtime.checkpoint.statepack`); tensor ``i`` lies in chunk ``tensors[i]["chunk"]`` at
+byte ``tensors[i]["offset"]`` (aligned to :data:`ALIGN`), and ``chunks[k]["nbytes"]`` is chunk
+``k``'s size (:func:`pack_chunks` plans it). The manifest is written last, after every part and
+DCP's metadata are durable; ``parts`` maps every other file of the directory to its size and
+SHA-256. The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the
+manifest's bytes, so one checksum covers every part. Verifying a checkpoint
 (:func:`read_verified_shards`) reads the manifest, checks that checksum, then every part's size
 and hash, before DCP touches a byte: DCP's ``.metadata`` is a pickle, and it is only unpickled
 (by a restricted unpickler) once it is known to be the one the run wrote.

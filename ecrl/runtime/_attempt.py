@@ -110,7 +110,7 @@ def install_error_hook() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        from ecrl.runtime.bgwriter import WriterCrashed
+        from ecrl.runtime.checkpoint.bgwriter import WriterCrashed
 
         rank = os.environ.get("RANK", "0")
         if isinstance(exc, WriterCrashed):  # restartable: the supervisor relaunches

@@ -1,11 +1,13 @@
 """How an attempt ended, from the markers its ranks leave (torch-free: the supervisor reads it).
 
-- ``jit.json``: a survivor's just-in-time rescue (:mod:`ecrl.runtime.jit`): which rank, the step
+- ``jit.json``: a survivor's just-in-time rescue (:mod:`ecrl.runtime.checkpoint.jit`): which rank,
+the step
   it saved (or why it saved nothing), and what ended the attempt;
-- ``hung-rank-RRR.json``: each rank whose watchdog fired (:mod:`ecrl.runtime.watchdog`); the
+- ``hung-rank-RRR.json``: each rank whose watchdog fired (:mod:`ecrl.runtime.checkpoint.watchdog`);
+the
   ranks of the attempt that wrote none are the ones that stopped stepping;
 - ``deadline.json``: rank 0 committed the final checkpoint before the deadline
-  (:mod:`ecrl.runtime.deadline`).
+  (:mod:`ecrl.runtime.checkpoint.deadline`).
 """
 
 from __future__ import annotations

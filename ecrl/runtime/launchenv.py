@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.standby import GO_VARIABLE, await_go
+from ecrl.runtime.supervision.standby import GO_VARIABLE, await_go
 
 __all__ = ["PREFIX", "AttemptEnv"]
 
@@ -56,12 +56,13 @@ class AttemptEnv:
     deadline: float | None = None
     """Unix time by which a final checkpoint must be committed (None: no deadline)."""
     deadline_k1: float = 10.0
-    """Deadline buffer rule: multiplier of the longest step time (:mod:`ecrl.runtime.deadline`)."""
+    """Deadline buffer rule: multiplier of the longest step time
+    (:mod:`ecrl.runtime.checkpoint.deadline`)."""
     deadline_k2: float = 2.0
     """Deadline buffer rule: multiplier of the longest checkpoint time."""
     hang_timeout: float | None = None
     """Seconds without a completed step before a rank calls the job hung (None: derived from the
-    step times; 0: no watchdog; :mod:`ecrl.runtime.watchdog`)."""
+    step times; 0: no watchdog; :mod:`ecrl.runtime.checkpoint.watchdog`)."""
 
     def __post_init__(self) -> None:
         if (self.resume_step is None) != (self.resume_path is None):

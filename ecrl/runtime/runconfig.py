@@ -21,7 +21,7 @@ from typing import Any
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
-from ecrl.runtime.registry import built_strategies, strategy_names
+from ecrl.runtime.checkpoint.registry import built_strategies, strategy_names
 
 __all__ = [
     "RunFlag",
@@ -36,9 +36,9 @@ __all__ = [
 ]
 
 STRATEGIES = strategy_names()
-"""Every strategy ``--strategy`` accepts (from :mod:`ecrl.runtime.registry`)."""
+"""Every strategy ``--strategy`` accepts (from :mod:`ecrl.runtime.checkpoint.registry`)."""
 BUILT_STRATEGIES = built_strategies()
-"""The strategies a run can use today (from :mod:`ecrl.runtime.registry`)."""
+"""The strategies a run can use today (from :mod:`ecrl.runtime.checkpoint.registry`)."""
 MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 DEFAULT_FAKE_SIZE = 4096

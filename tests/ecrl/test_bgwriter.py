@@ -13,8 +13,8 @@ from ckpt_images import make_image
 
 from ecrl.contract.ckptfile import CheckpointError, read_verified
 from ecrl.contract.runformat import CheckpointEvent, JsonlReader, RunPaths
-from ecrl.runtime.bgwriter import WriterClient, WriterCrashed
-from ecrl.runtime.persist import CRASH_ENV, checkpoint_name, read_latest
+from ecrl.runtime.checkpoint.bgwriter import WriterClient, WriterCrashed
+from ecrl.runtime.checkpoint.persist import CRASH_ENV, checkpoint_name, read_latest
 
 
 def _submit(client: WriterClient, step: int) -> int:
@@ -86,7 +86,7 @@ def test_write_errors_are_reported_not_swallowed(tmp_path: Path) -> None:
 
 _PARENT = """
 import os, sys
-from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.checkpoint.bgwriter import WriterClient
 client = WriterClient.start(run_dir={root!r}, attempt=0, keep=2, max_inflight=1)
 print(client.process.pid, flush=True)
 os._exit(137)
@@ -143,7 +143,7 @@ _DIES_BEFORE_TIMING = """
 import os, sys, time
 sys.path.insert(0, {here!r})
 from ckpt_images import make_image
-from ecrl.runtime.bgwriter import WriterClient
+from ecrl.runtime.checkpoint.bgwriter import WriterClient
 from pathlib import Path
 root = Path({root!r}); (root / "checkpoints").mkdir(parents=True, exist_ok=True)
 client = WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=1)

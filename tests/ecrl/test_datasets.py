@@ -10,7 +10,7 @@ import torch
 from dataset_files import pixels, write_cifar10, write_cifar100, write_image_folder
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.datasets import (
+from ecrl.runtime.trainer.datasets import (
     CifarDataset,
     GeneratedDataset,
     ImageFolderDataset,

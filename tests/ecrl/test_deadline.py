@@ -1,4 +1,5 @@
-"""ecrl.runtime.deadline: parsing, SLURM_JOB_END_TIME, and the buffer rule (torch-free)."""
+"""ecrl.runtime.checkpoint.deadline: parsing, SLURM_JOB_END_TIME, and the buffer rule
+(torch-free)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.deadline import (
+from ecrl.runtime.checkpoint.deadline import (
     DeadlineClock,
     DeadlineRule,
     estimate_ckpt_s,

@@ -16,8 +16,9 @@ import torch
 
 import ecrl
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, read_verified, seal
-from ecrl.runtime import _attempt, digests, statepack
-from ecrl.runtime.models import build_model
+from ecrl.runtime import _attempt
+from ecrl.runtime.checkpoint import digests, statepack
+from ecrl.runtime.trainer.models import build_model
 
 
 @pytest.fixture(autouse=True)

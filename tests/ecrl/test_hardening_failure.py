@@ -8,11 +8,11 @@ from ecrl.runtime.failure import disk_error, fatal_reason, rank_errors
 
 TORCHRUN_LOG = """\
 [rank1]: Traceback (most recent call last):
-[rank1]:   File "/x/ecrl/runtime/trainer.py", line 233, in run
+[rank1]:   File "/x/ecrl/runtime/trainer/trainer.py", line 233, in run
 [rank1]:     loss.backward()
 [rank1]: RuntimeError: Connection closed by peer [127.0.0.1]:29500
 [rank0]: Traceback (most recent call last):
-[rank0]:   File "/x/ecrl/runtime/datasets.py", line 199, in __getitem__
+[rank0]:   File "/x/ecrl/runtime/trainer/datasets.py", line 199, in __getitem__
 [rank0]:     image, label = self._ds[index]
 [rank0]:   File "/v/lib/python3.11/site-packages/PIL/Image.py", line 3730, in open
 [rank0]:     raise UnidentifiedImageError(msg)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ecrl.runtime.persist import CrashHook, apply_retention, checkpoint_name
+from ecrl.runtime.checkpoint.persist import CrashHook, apply_retention, checkpoint_name
 
 
 def test_retention_keeps_at_least_two_checkpoints(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     write_json_record,
 )
-from ecrl.runtime.summary import render_summary, summarize
+from ecrl.runtime.supervision.summary import render_summary, summarize
 
 
 def _run(tmp_path: Path, attempts: list[SupervisorAttempt], fired: list[int]) -> str:

@@ -1,4 +1,4 @@
-"""ecrl.runtime.jit, watchdog and endings, in one process (the real-process tests are in
+"""ecrl.runtime.checkpoint.jit, watchdog and endings, in one process (the real-process tests are in
 tests/integration/test_jit*.py)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime import registry
+from ecrl.runtime.checkpoint import registry
+from ecrl.runtime.checkpoint.jit import JitCheckpoints, _copy_into, _KillHook, logged_through
+from ecrl.runtime.checkpoint.watchdog import Watchdog, WatchdogConfig
 from ecrl.runtime.endings import read_ending
-from ecrl.runtime.jit import JitCheckpoints, _copy_into, _KillHook, logged_through
-from ecrl.runtime.watchdog import Watchdog, WatchdogConfig
 
 
 def _lines(path: Path, steps: list[int], *, pad: int = 0, torn: bool = False) -> None:
@@ -119,7 +119,7 @@ def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
               ) -> JitCheckpoints:
     """A one-rank jit strategy over ``model`` and ``opt``, attached at step 0."""
     from ecrl.contract.semantics import Geometry
-    from ecrl.runtime.strategies import CheckpointContext
+    from ecrl.runtime.checkpoint.strategies import CheckpointContext
 
     ctx = CheckpointContext(
         paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
@@ -135,7 +135,7 @@ def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
 @pytest.mark.parametrize("pipelined", [True, False])
 def test_the_copy_before_each_update_is_the_state_after_the_step_before(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipelined: bool) -> None:
-    from ecrl.runtime import jit as jit_module
+    from ecrl.runtime.checkpoint import jit as jit_module
 
     # This model is tiny: below the threshold its copy is taken in the pre-hook; at 0, by the
     # background pipeline from each boundary on.
@@ -173,7 +173,7 @@ def test_a_tensor_written_after_the_boundary_is_copied_as_the_update_found_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The copy of parameters and optimizer state runs in the background from the boundary on; a
     # write in place before the update (a user's clamp) must not leave a mix of two states.
-    from ecrl.runtime import jit as jit_module
+    from ecrl.runtime.checkpoint import jit as jit_module
 
     monkeypatch.setattr(jit_module, "_PIPELINE_MIN_BYTES", 0)
 
@@ -229,7 +229,7 @@ def test_seed_all_sets_the_generators_as_their_own_seeding_does(seed: int) -> No
 
     import numpy as np
 
-    from ecrl.runtime.checkpointer import seed_all
+    from ecrl.runtime.checkpoint.checkpointer import seed_all
 
     random.seed(seed)
     np.random.seed(seed % 2**32)

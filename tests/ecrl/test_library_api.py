@@ -18,8 +18,9 @@ from ecrl.contract import semantics
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.contract.runformat import STRATEGIES, RunManifest, read_json_record
-from ecrl.runtime import _attempt, registry
-from ecrl.runtime.strategies import CheckpointContext, make_strategy
+from ecrl.runtime import _attempt
+from ecrl.runtime.checkpoint import registry
+from ecrl.runtime.checkpoint.strategies import CheckpointContext, make_strategy
 
 
 @pytest.fixture(autouse=True)
@@ -255,7 +256,7 @@ def test_the_strategy_registry_is_the_one_source(tmp_path: Path) -> None:
             make_strategy("unbuilt-test", None)  # type: ignore[arg-type]
     finally:
         del registry.REGISTRY["unbuilt-test"]
-    registry.register_strategy("custom-test", "ecrl.runtime.strategies:NoCheckpoints",
+    registry.register_strategy("custom-test", "ecrl.runtime.checkpoint.strategies:NoCheckpoints",
                                summary="test")
     try:
         ctx = CheckpointContext(paths=None, attempt=0, rank=0, world_size=1,  # type: ignore

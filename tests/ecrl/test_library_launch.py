@@ -11,7 +11,7 @@ import pytest
 
 from ecrl.apps.cli import main as cli_main
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.launcher import LaunchSupervisor, launch_config, normalize_program
+from ecrl.runtime.supervision.launcher import LaunchSupervisor, launch_config, normalize_program
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_a_full_disk_keeps_the_launch_state_file_whole(tmp_path: Path, script: P
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # The launch supervisor writes its per-node state through the same writer as `ecrl run`:
     # ENOSPC leaves the previous version whole and says so, instead of a traceback.
-    from ecrl.runtime.supervisor import _DiskFull
+    from ecrl.runtime.supervision.supervisor import _DiskFull
 
     out = tmp_path / "run"
     assert _open(_supervisor(out, (str(script),)))

@@ -13,7 +13,7 @@ from ecrl.apps.matrix._cifar import cifar_folder, write_cifar
 
 @pytest.mark.parametrize(("kind", "classes"), [("cifar10", 10), ("cifar100", 100)])
 def test_written_sets_load_as_cifar(tmp_path: Path, kind: str, classes: int) -> None:
-    from ecrl.runtime.datasets import build_dataset
+    from ecrl.runtime.trainer.datasets import build_dataset
 
     root = write_cifar(tmp_path / kind, kind, 123)  # 123: uneven CIFAR-10 batches
     data = build_dataset(kind, data_dir=root, size=None)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.models import MODELS, build_model
+from ecrl.runtime.trainer.models import MODELS, build_model
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -37,7 +37,7 @@ def test_unknown_model() -> None:
 
 
 def test_params_digest_covers_every_tensor() -> None:
-    from ecrl.runtime.trainer import params_digest
+    from ecrl.runtime.trainer.trainer import params_digest
 
     torch.manual_seed(0)
     state = build_model("resnet18", num_classes=10).state_dict()  # has 0-dim int64 buffers

@@ -12,7 +12,7 @@ from ckpt_images import make_image
 from ecrl.contract.atomicio import CRASH_POINTS
 from ecrl.contract.ckptfile import read_verified
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime.persist import (
+from ecrl.runtime.checkpoint.persist import (
     CRASH_ENV,
     CrashHook,
     apply_retention,
@@ -29,7 +29,7 @@ _COMMITTER = """
 import sys
 sys.path.insert(0, {here!r})
 from ckpt_images import make_image
-from ecrl.runtime.persist import CrashHook, commit_checkpoint
+from ecrl.runtime.checkpoint.persist import CrashHook, commit_checkpoint
 from ecrl.contract.runformat import RunPaths
 paths = RunPaths.of({root!r})
 paths.checkpoints.mkdir(parents=True, exist_ok=True)

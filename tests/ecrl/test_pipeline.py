@@ -18,9 +18,9 @@ import torch
 from ecrl.contract.ckptfile import read_verified
 from ecrl.contract.runformat import CheckpointEvent, JsonlReader, RunPaths
 from ecrl.contract.semantics import Geometry
-from ecrl.runtime import pipeline, statepack
-from ecrl.runtime.persist import read_latest
-from ecrl.runtime.strategies import CheckpointContext, OverlappedCheckpoints
+from ecrl.runtime.checkpoint import pipeline, statepack
+from ecrl.runtime.checkpoint.persist import read_latest
+from ecrl.runtime.checkpoint.strategies import CheckpointContext, OverlappedCheckpoints
 
 
 class _Job:

@@ -9,9 +9,9 @@ import pytest
 
 
 @pytest.mark.parametrize("module", [
-    "ecrl.runtime.supervisor", "ecrl.runtime.bgwriter", "ecrl.runtime.persist",
-    "ecrl.contract.ckptfile", "ecrl.runtime.failure", "ecrl.runtime.summary",
-    "ecrl.runtime.runconfig", "ecrl.apps.demo"])
+    "ecrl.runtime.supervision.supervisor", "ecrl.runtime.checkpoint.bgwriter",
+    "ecrl.runtime.checkpoint.persist", "ecrl.contract.ckptfile", "ecrl.runtime.failure",
+    "ecrl.runtime.supervision.summary", "ecrl.runtime.runconfig", "ecrl.apps.demo"])
 def test_no_torch(module: str) -> None:
     code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "print('torch' in sys.modules)")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
-from ecrl.runtime.sampler import ResumableSampler
+from ecrl.runtime.sampling.sampler import ResumableSampler
 
 GEOMETRY = semantics.Geometry(dataset_size=100, global_batch=12)
 

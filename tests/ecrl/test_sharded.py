@@ -1,5 +1,5 @@
-"""Sharded checkpoints (``ecrl.runtime.sharded``, ``ecrl.contract.shardfile``) in one process:
-the format, its verification, the restricted loader, crash points and switching strategy.
+"""Sharded checkpoints (``ecrl.runtime.checkpoint.sharded``, ``ecrl.contract.shardfile``) in one
+process: the format, its verification, the restricted loader, crash points and switching strategy.
 Real files, real DCP; the multi-rank runs are in tests/integration/test_sharded_runs.py."""
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.runformat import RunPaths
 from ecrl.contract.shardfile import MANIFEST, RECYCLED, file_checksum, read_verified_shards
 from ecrl.runtime import _attempt
-from ecrl.runtime.persist import apply_retention, checkpoint_step, clean_temporaries, read_latest
+from ecrl.runtime.checkpoint.persist import (
+    apply_retention,
+    checkpoint_step,
+    clean_temporaries,
+    read_latest,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,7 +127,7 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
 def test_a_chunk_is_written_from_its_pieces_padded_to_their_offsets(tmp_path: Path) -> None:
     import hashlib
 
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     a = torch.arange(5, dtype=torch.float32)
     b = torch.arange(6, dtype=torch.int64).reshape(2, 3).t()  # not contiguous: copied, in order
@@ -148,7 +153,7 @@ def test_a_format_2_checkpoint_still_loads(
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     from ecrl.contract import shardfile
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     new_state = sharded.ShardedCheckpoints._dcp_state
 
@@ -174,7 +179,7 @@ def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reu
         tmp_path: Path) -> None:
     import hashlib
 
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     fs = sharded._HashingFileSystem()
     chunk = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8)  # 3 MiB, hashed in place
@@ -195,7 +200,7 @@ def test_a_write_that_fails_records_no_digest_and_leaves_no_hashing_thread(
         tmp_path: Path) -> None:
     import threading
 
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     fs = sharded._HashingFileSystem()
     with pytest.raises(RuntimeError, match="disk went away"), \
@@ -284,7 +289,7 @@ def test_retention_and_temporaries_handle_directories(tmp_path: Path) -> None:
 def test_a_retired_checkpoint_s_parts_are_written_over_and_resume_exactly(
         tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     taken: list[bool] = []
     take = sharded._take_recycled
@@ -306,7 +311,7 @@ def test_a_retired_checkpoint_s_parts_are_written_over_and_resume_exactly(
 
 def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     seen: list[tuple[list[int], int]] = []
     chunks: list[Any] = []
@@ -327,7 +332,7 @@ def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
 
 def test_retirement_keeps_only_the_parts_and_a_recycled_file_is_cut_to_its_new_content(
         tmp_path: Path) -> None:
-    from ecrl.runtime import sharded
+    from ecrl.runtime.checkpoint import sharded
 
     old = tmp_path / "step-00000003.dcp"
     old.mkdir()

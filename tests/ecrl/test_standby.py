@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ecrl.runtime.standby import GO_VARIABLE, STANDBY_DIR, Standby
+from ecrl.runtime.supervision.standby import GO_VARIABLE, STANDBY_DIR, Standby
 
 _RANK = """
 import json, os, sys

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, read_verified, seal
-from ecrl.runtime import statepack
-from ecrl.runtime.models import build_model
+from ecrl.runtime.checkpoint import statepack
+from ecrl.runtime.trainer.models import build_model
 
 
 def _round_trip(tree: object, tmp_path: Path) -> object:

@@ -13,7 +13,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     write_json_record,
 )
-from ecrl.runtime.summary import render_summary, summarize
+from ecrl.runtime.supervision.summary import render_summary, summarize
 
 
 def _attempt(n: int, world: int, resumed: int | None, last: int, status: str, t0: float,

@@ -8,7 +8,7 @@ from collections import Counter
 
 from ecrl.apps import faults
 from ecrl.contract.runformat import STRATEGIES
-from ecrl.runtime.persist import SHARDED_POINTS
+from ecrl.runtime.checkpoint.persist import SHARDED_POINTS
 
 
 def test_every_strategy_gets_every_kind_of_fault() -> None:

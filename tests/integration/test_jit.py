@@ -24,7 +24,7 @@ from conftest import Run, RunCache, _made
 from lineage_check import load_run
 
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
-from ecrl.runtime.jit import logged_through
+from ecrl.runtime.checkpoint.jit import logged_through
 
 JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "48", "--seed", "7",
        "--world-sizes", "2", "--strategy", "jit"]

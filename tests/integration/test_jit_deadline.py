@@ -24,8 +24,8 @@ from conftest import ecrl
 from lineage_check import load_run
 
 from ecrl.contract.runformat import LatestPointer, RunPaths, SupervisorState, read_json_record
-from ecrl.runtime.deadline import DEADLINE_EXIT_CODE
-from ecrl.runtime.jit import logged_through
+from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE
+from ecrl.runtime.checkpoint.jit import logged_through
 
 
 def _args(steps: int) -> list[str]:

@@ -1,7 +1,8 @@
 """A resume that restores the data position but not the training state must FAIL in
 ``ecrl-verify`` (issue 16): real ``ecrl run`` processes of the tiny CNN (it has dropout), each with
-one test-only fault in the restore path (``ECRL_TEST_RESTORE_FAULT``, ecrl/runtime/digests.py),
-and the same runs untouched (blocking, overlapped, elastic 2 → 1 → 2), which must PASS.
+one test-only fault in the restore path (``ECRL_TEST_RESTORE_FAULT``,
+ecrl/runtime/checkpoint/digests.py), and the same runs untouched (blocking, overlapped, elastic 2 →
+1 → 2), which must PASS.
 
 The runs are made concurrently, once per session (RunCache), and shared by every assert.
 """
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import Run, RunCache
 
-from ecrl.runtime.digests import RESTORE_FAULT_ENV, RESTORED_FILE
+from ecrl.runtime.checkpoint.digests import RESTORE_FAULT_ENV, RESTORED_FILE
 
 pytestmark = pytest.mark.torchrun
 

@@ -11,7 +11,7 @@ from conftest import Run
 from lineage_check import check_exactly_once, load_run
 
 from ecrl.contract.ckptfile import read_verified
-from ecrl.runtime.persist import checkpoint_step
+from ecrl.runtime.checkpoint.persist import checkpoint_step
 
 pytestmark = pytest.mark.torchrun
 

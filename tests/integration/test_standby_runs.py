@@ -18,7 +18,7 @@ import torch
 from conftest import Run, RunCache
 from test_launch import COMMON, SCRIPT, _made, committed_losses, verify_json
 
-from ecrl.runtime.standby import GO_VARIABLE, STANDBY_DIR
+from ecrl.runtime.supervision.standby import GO_VARIABLE, STANDBY_DIR
 
 pytestmark = pytest.mark.torchrun
 

@@ -11,8 +11,8 @@ It then reads the run directories:
 - stall: the median ``stall_s`` of the checkpoint events (``checkpoint_rank0.jsonl``) of the
   blocking and the overlapped run: how long the training thread was blocked by checkpointing.
   For ``overlapped``, whose copy of parameters and optimizer state is pipelined under the next
-  step (:mod:`ecrl.runtime.pipeline`), that is the boundary's work plus the next update's wait
-  for the background copy (the event's ``boundary_s`` and ``wait_s``);
+  step (:mod:`ecrl.runtime.checkpoint.pipeline`), that is the boundary's work plus the next
+  update's wait for the background copy (the event's ``boundary_s`` and ``wait_s``);
 - throughput: steady-state steps/s from the step records' completion times (``rank-000.jsonl``),
   over a window that skips the warm-up and holds the same whole number of checkpoint intervals
   in every run, for the overlapped run, the jit run and the run without checkpoints.
@@ -128,7 +128,7 @@ class _Load:
 
 def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress,
            world: int = 1) -> RunPaths:
-    from ecrl.runtime.supervisor import EXIT_OK, Supervisor
+    from ecrl.runtime.supervision.supervisor import EXIT_OK, Supervisor
 
     out = root / f"{case.model}-{strategy}-{repeat}-w{world}"
     every = case.every_2_ranks if world == 2 and case.every_2_ranks else case.every
@@ -273,8 +273,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "on both sides",
             "overlapped stall = the boundary (RNG gather, header, buffers, small objects) plus "
             "the next optimizer step's wait for the pipelined copy of parameters and optimizer "
-            "state (ecrl.runtime.pipeline); the copy itself runs under the next forward and "
-            "backward pass",
+            "state (ecrl.runtime.checkpoint.pipeline); the copy itself runs under the next "
+            "forward and backward pass",
             "where other processes keep cores busy (the figure in each throughput row), they take "
             "the writer's core and the throughput ratios measure that load more than ECRL: an "
             "overlapped run faster than the run without checkpoints is such noise; the stall rows "

@@ -45,8 +45,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
     import ecrl
-    from ecrl.runtime.datasets import GeneratedDataset
-    from ecrl.runtime.models import build_model
+    from ecrl.runtime.trainer.datasets import GeneratedDataset
+    from ecrl.runtime.trainer.models import build_model
 
     torch.set_num_threads(1)
     steps = 30 if quick else 300

@@ -85,7 +85,7 @@ def _median_step_s(run: Path) -> float:
 
 def _train(root: Path, case: _Case, strategy: str, fail_at: int,
            progress: Progress, *, standby: bool = True) -> _Measured:
-    from ecrl.runtime.supervisor import EXIT_OK, Supervisor
+    from ecrl.runtime.supervision.supervisor import EXIT_OK, Supervisor
     from verifier import verify
 
     out = root / f"{case.model}-{case.image_size}-{strategy}-{'warm' if standby else 'cold'}"

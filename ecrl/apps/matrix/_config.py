@@ -354,7 +354,7 @@ def _check_data(src: _Source, config: MatrixConfig) -> None:
     given = [d for d in config.datasets if "data_dir" in d.settings]
     if not given:
         return
-    from ecrl.runtime.datasets import check_data_dir
+    from ecrl.runtime.trainer.datasets import check_data_dir
 
     for d in given:
         try:

@@ -114,8 +114,8 @@ def snapshot_into(state: EncodedState, image: memoryview) -> None:
 
 def snapshot_tensors(state: EncodedState, image: memoryview, indices: Iterable[int]) -> None:
     """Copy the tensors ``indices`` of ``state`` to their places in ``image`` (the header is
-    :func:`ecrl.contract.ckptfile.encode_prefix`'s; :mod:`ecrl.runtime.pipeline` copies the
-    tensors in two parts)."""
+    :func:`ecrl.contract.ckptfile.encode_prefix`'s; :mod:`ecrl.runtime.checkpoint.pipeline` copies
+    the tensors in two parts)."""
     layout = state.layout
     for index in indices:
         tensor, entry = state.tensors[index], state.entries[index]

@@ -1,8 +1,9 @@
 """Data sets that yield ``(x, y, sample_id)``, and batches fetched by sample ID.
 
 The trainer never iterates a data loader: each step it asks for exactly the IDs of its shard
-(:mod:`ecrl.runtime.sampler`), so :meth:`SampleSource.batch` takes an array of IDs. ``source[i]``
-gives the same sample one at a time, as ``(x, y, i)``; both paths produce bit-identical tensors.
+(:mod:`ecrl.runtime.sampling.sampler`), so :meth:`SampleSource.batch` takes an array of IDs.
+``source[i]`` gives the same sample one at a time, as ``(x, y, i)``; both paths produce
+bit-identical tensors.
 
 - ``fake``: generated data, the embedded default. Sample ``i`` is a pure function of ``i`` (a
   class template plus noise, both drawn from :func:`ecrl.contract.semantics.mix64` of the ID), so

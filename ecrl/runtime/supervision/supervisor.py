@@ -3,8 +3,8 @@
 One run directory, many attempts. For each attempt the supervisor reads ``latest.json`` (and
 verifies the checkpoint it names, so a corrupt one is reported instead of loaded), picks the
 attempt's world size from ``--world-sizes``, passes the failures that have not fired yet, and
-launches ``python -m torch.distributed.run … -m ecrl.runtime.trainer``. While torchrun runs it tails
-rank 0's step log for progress; when torchrun exits it classifies the exit:
+launches ``python -m torch.distributed.run … -m ecrl.runtime.trainer.trainer``. While torchrun runs
+it tails rank 0's step log for progress; when torchrun exits it classifies the exit:
 
 - ``completed``: exit 0 and the final step logged by every rank → the run is done;
 - injected failure (the failing rank left ``failure.json``) → relaunch;
@@ -55,7 +55,8 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._proc import signal_on_parent_death
-from ecrl.runtime.deadline import DEADLINE_EXIT_CODE, resolve_deadline
+from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE, resolve_deadline
+from ecrl.runtime.checkpoint.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.endings import Ending, read_ending
 from ecrl.runtime.failure import (
     FiredFailure,
@@ -67,9 +68,8 @@ from ecrl.runtime.failure import (
     remaining,
 )
 from ecrl.runtime.launchenv import AttemptEnv
-from ecrl.runtime.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.runconfig import RunConfig
-from ecrl.runtime.standby import Standby
+from ecrl.runtime.supervision.standby import Standby
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifest",
            "attempt_steps", "TORCHRUN_LOG"]
@@ -145,7 +145,7 @@ def _now_iso() -> str:
 def _dataset_size(config: RunConfig) -> int:
     if config.dataset == "fake":
         return config.fake_size()
-    from ecrl.runtime.datasets import build_dataset, check_data_dir
+    from ecrl.runtime.trainer.datasets import build_dataset, check_data_dir
 
     data_dir = Path(config.data_dir) if config.data_dir else None
     check_data_dir(config.dataset, data_dir)  # before anything slow, with the clear message
@@ -323,7 +323,7 @@ class Supervisor:
     poll_s: float = 0.25
     name: str = "run"
     """The command, in messages (``ecrl run``, ``ecrl launch``)."""
-    program: tuple[str, ...] = ("-m", "ecrl.runtime.trainer")
+    program: tuple[str, ...] = ("-m", "ecrl.runtime.trainer.trainer")
     """What torchrun runs on every rank (``ecrl launch``: the user's script and its arguments)."""
     marker: dict[str, Any] = field(default_factory=dict)
     """Extra keys for a new run's ``run.json`` (``ecrl demo`` marks the directories it owns)."""
@@ -757,7 +757,7 @@ class Supervisor:
         return None
 
     def _print_summary(self) -> None:
-        from ecrl.runtime.summary import render_summary, summarize
+        from ecrl.runtime.supervision.summary import render_summary, summarize
 
         self.out(f"ecrl {self.name}: done; run directory {self.paths.root}")
         for line in render_summary(summarize(str(self.paths.root))):

@@ -29,7 +29,7 @@ from torch.utils.data import Sampler
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
 from ecrl.runtime._attempt import dist_rank_world, install_error_hook
-from ecrl.runtime.sampler import check_state
+from ecrl.runtime.sampling.sampler import check_state
 
 __all__ = ["GlobalBatchSampler", "dist_rank_world"]
 

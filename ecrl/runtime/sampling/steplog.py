@@ -45,7 +45,7 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._attempt import Attempt, resolve_attempt
-from ecrl.runtime.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 
 __all__ = ["StepLog"]
 

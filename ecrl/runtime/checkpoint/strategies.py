@@ -5,15 +5,17 @@ writer:
 
 - ``blocking``: gather every rank's RNG states (the collective doubles as the opening barrier) →
   rank 0 snapshots the state into a buffer laid out as the file and commits it durably
-  (:func:`ecrl.runtime.persist.commit_checkpoint`) → barrier. Training stalls for the whole write.
+  (:func:`ecrl.runtime.checkpoint.persist.commit_checkpoint`) → barrier. Training stalls for the
+  whole write.
 - ``overlapped``: gather → rank 0 waits for a free slot if ``max_inflight`` writes are pending
   (back-pressure) → snapshots into the slot → hands the job to the background writer process
-  (:mod:`ecrl.runtime.bgwriter`) → barrier. Training stalls only for the copy; the writer hashes,
-  writes, fsyncs and publishes ``latest.json`` while the next steps run. When the checkpointed
-  state holds an optimizer, the copy itself is pipelined (:mod:`ecrl.runtime.pipeline`): the
-  boundary copies the header, buffers and small objects, a thread copies the parameters and the
-  optimizer state under the next forward and backward pass, and the next ``optimizer.step()``
-  waits for it; the job goes to the writer once that copy is complete and proven exact.
+  (:mod:`ecrl.runtime.checkpoint.bgwriter`) → barrier. Training stalls only for the copy; the
+  writer hashes, writes, fsyncs and publishes ``latest.json`` while the next steps run. When the
+  checkpointed state holds an optimizer, the copy itself is pipelined
+  (:mod:`ecrl.runtime.checkpoint.pipeline`): the boundary copies the header, buffers and small
+  objects, a thread copies the parameters and the optimizer state under the next forward and
+  backward pass, and the next ``optimizer.step()`` waits for it; the job goes to the writer once
+  that copy is complete and proven exact.
 
 A checkpoint "at step c" captures the state after step c's update, and is due after every K-th
 step (``(c + 1) % K == 0``), except the run's last step, which ends the run instead.
@@ -34,12 +36,18 @@ import torch.distributed as dist
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError, encode_prefix
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.contract.semantics import Geometry
-from ecrl.runtime import registry, statepack
-from ecrl.runtime.bgwriter import WriterClient
-from ecrl.runtime.digests import image_digests
+from ecrl.runtime.checkpoint import registry, statepack
+from ecrl.runtime.checkpoint.bgwriter import WriterClient
+from ecrl.runtime.checkpoint.digests import image_digests
+from ecrl.runtime.checkpoint.persist import CrashHook, checkpoint_name, commit_checkpoint
+from ecrl.runtime.checkpoint.pipeline import (
+    Deferred,
+    SnapshotPipeline,
+    split_deferred,
+    tensor_path,
+    warn,
+)
 from ecrl.runtime.failure import disk_error
-from ecrl.runtime.persist import CrashHook, checkpoint_name, commit_checkpoint
-from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, split_deferred, tensor_path, warn
 
 __all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
            "OverlappedCheckpoints", "make_strategy"]
@@ -67,7 +75,7 @@ class CheckpointContext:
     """Header metadata of the checkpoint at a step."""
     optimizers: tuple[Any, ...] = ()
     """The optimizers among the checkpointed objects (``overlapped`` pipelines its copy of the
-    tensors only they write to: :mod:`ecrl.runtime.pipeline`)."""
+    tensors only they write to: :mod:`ecrl.runtime.checkpoint.pipeline`)."""
 
 
 def _gather_rng(ctx: CheckpointContext) -> list[dict[str, Any]]:
@@ -93,7 +101,8 @@ class Strategy:
     """The boundary protocol; subclasses say what rank 0 does in the middle."""
 
     name = "none"
-    """Set from :data:`ecrl.runtime.registry.REGISTRY` when the class is looked up there."""
+    """Set from :data:`ecrl.runtime.checkpoint.registry.REGISTRY` when the class is looked up
+    there."""
 
     def __init__(self, ctx: CheckpointContext) -> None:
         self.ctx = ctx
@@ -311,7 +320,8 @@ class OverlappedCheckpoints(Strategy):
 
 
 def make_strategy(name: str, ctx: CheckpointContext) -> Strategy:
-    """The strategy :data:`ecrl.runtime.registry.REGISTRY` names ``name``, for this job."""
+    """The strategy :data:`ecrl.runtime.checkpoint.registry.REGISTRY` names ``name``, for this
+    job."""
     cls = registry.strategy_class(name)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise CheckpointError(f"strategy {name!r} is registered as {cls!r}, which is not a "

@@ -1,14 +1,14 @@
 """The checkpoint strategies ECRL knows, in one table (torch-free).
 
 Every other list of strategy names is derived from :data:`REGISTRY`: the names ``--strategy``
-accepts, the ones that are built, the class :func:`ecrl.runtime.strategies.make_strategy`
+accepts, the ones that are built, the class :func:`ecrl.runtime.checkpoint.strategies.make_strategy`
 instantiates and that class's ``name``. A strategy is registered by its import path
 (``"module:Class"``), not by its class, so that the command line can list and validate names
 without importing torch; the class is imported when a run needs it.
 
 A new strategy (sharded through ``torch.distributed.checkpoint``, just-in-time) plugs in with one
 entry here, or at run time with :func:`register_strategy` before the checkpointer is built; its
-class subclasses :class:`ecrl.runtime.strategies.Strategy`.
+class subclasses :class:`ecrl.runtime.checkpoint.strategies.Strategy`.
 """
 
 from __future__ import annotations
@@ -47,19 +47,19 @@ def register_strategy(name: str, target: str | None, *, summary: str) -> Strateg
     return entry
 
 
-register_strategy("none", "ecrl.runtime.strategies:NoCheckpoints",
+register_strategy("none", "ecrl.runtime.checkpoint.strategies:NoCheckpoints",
                   summary="no checkpoints (a failure restarts from step 0)")
-register_strategy("blocking", "ecrl.runtime.strategies:BlockingCheckpoints",
+register_strategy("blocking", "ecrl.runtime.checkpoint.strategies:BlockingCheckpoints",
                   summary="training waits while rank 0 writes the checkpoint")
-register_strategy("overlapped", "ecrl.runtime.strategies:OverlappedCheckpoints",
+register_strategy("overlapped", "ecrl.runtime.checkpoint.strategies:OverlappedCheckpoints",
                   summary="rank 0 copies the state; a background process writes it")
-register_strategy("sharded", "ecrl.runtime.sharded:ShardedCheckpoints",
+register_strategy("sharded", "ecrl.runtime.checkpoint.sharded:ShardedCheckpoints",
                   summary="every rank writes its part (torch.distributed.checkpoint); training "
                           "waits for the commit")
-register_strategy("sharded-async", "ecrl.runtime.sharded:AsyncShardedCheckpoints",
+register_strategy("sharded-async", "ecrl.runtime.checkpoint.sharded:AsyncShardedCheckpoints",
                   summary="every rank copies the state to CPU; a background thread writes its "
                           "part and commits")
-register_strategy("jit", "ecrl.runtime.jit:JitCheckpoints",
+register_strategy("jit", "ecrl.runtime.checkpoint.jit:JitCheckpoints",
                   summary="a healthy rank saves when a peer dies or hangs (at most one step "
                   "replayed); --ckpt-every K adds a fallback every K steps")
 

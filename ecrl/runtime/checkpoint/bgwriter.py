@@ -6,14 +6,15 @@ parallel on another core and never touches torch, CUDA or ``torch.distributed`` 
 import torch, so it starts in milliseconds and costs a few megabytes).
 
 How bytes travel: the trainer owns ``max_inflight`` *slots*, anonymous shared-memory files
-(``memfd_create``) that it maps and fills with the checkpoint image (:mod:`ecrl.runtime.statepack`
-lays the image out exactly as the file, so there is no serialisation step). Slots are created before
-the first checkpoint is due and their descriptors passed to the writer (``SCM_RIGHTS``), which
-maps them with ``MAP_POPULATE``: the pages are allocated on the writer's core, not as page faults
-inside the first snapshot. A job is then a small JSON message naming a slot. The writer seals,
-writes and publishes the checkpoint with :func:`ecrl.runtime.persist.commit_checkpoint`, in job
-order, so ``latest.json`` only moves forward and only to durable files. A slot is busy from the
-snapshot until the writer reports the job done; when every slot is busy the trainer waits
+(``memfd_create``) that it maps and fills with the checkpoint image
+(:mod:`ecrl.runtime.checkpoint.statepack` lays the image out exactly as the file, so there is no
+serialisation step). Slots are created before the first checkpoint is due and their descriptors
+passed to the writer (``SCM_RIGHTS``), which maps them with ``MAP_POPULATE``: the pages are
+allocated on the writer's core, not as page faults inside the first snapshot. A job is then a small
+JSON message naming a slot. The writer seals, writes and publishes the checkpoint with
+:func:`ecrl.runtime.checkpoint.persist.commit_checkpoint`, in job order, so ``latest.json`` only
+moves forward and only to durable files. A slot is busy from
+the snapshot until the writer reports the job done; when every slot is busy the trainer waits
 (back-pressure), which bounds both memory and how far the durable state may lag behind training.
 
 Messages, trainer → writer: ``slot`` (its descriptor follows), ``write`` (job, slot, size, step
@@ -48,9 +49,14 @@ from typing import Any, NoReturn
 from ecrl.contract.ckptfile import FOOTER_SIZE, CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
-from ecrl.runtime.digests import image_digests
+from ecrl.runtime.checkpoint.digests import image_digests
+from ecrl.runtime.checkpoint.persist import (
+    CommitResult,
+    CrashHook,
+    checkpoint_name,
+    commit_checkpoint,
+)
 from ecrl.runtime.failure import disk_error
-from ecrl.runtime.persist import CommitResult, CrashHook, checkpoint_name, commit_checkpoint
 
 __all__ = ["WriterCrashed", "Slot", "WriterClient", "main"]
 
@@ -112,7 +118,8 @@ class WriterClient:
     def start(cls, *, run_dir: str, attempt: int, keep: int, max_inflight: int,
               nice: int = 19) -> WriterClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cmd = [sys.executable, "-m", "ecrl.runtime.bgwriter", "--fd", str(theirs.fileno()),
+        cmd = [sys.executable, "-m", "ecrl.runtime.checkpoint.bgwriter", "--fd",
+        str(theirs.fileno()),
                "--run-dir", run_dir, "--attempt", str(attempt), "--keep", str(keep),
                "--parent", str(os.getpid()), "--nice", str(nice)]
         process = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
@@ -359,7 +366,7 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ecrl.runtime.bgwriter")
+    parser = argparse.ArgumentParser(prog="python -m ecrl.runtime.checkpoint.bgwriter")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True)

@@ -2,9 +2,9 @@
 ``sharded-async``.
 
 Every rank hands DCP the same state (model, optimizer, scheduler, sampler, every rank's RNG
-states: the StatePack tree of :mod:`ecrl.runtime.statepack`, its tensors as DCP entries, the rest
-as JSON in ECRL's manifest). DCP's planner gives each replicated tensor to one rank, balancing the
-bytes, so every rank writes its own part (``__R_0.distcp``) of one checkpoint.
+states: the StatePack tree of :mod:`ecrl.runtime.checkpoint.statepack`, its tensors as DCP entries,
+the rest as JSON in ECRL's manifest). DCP's planner gives each replicated tensor to one rank,
+balancing the bytes, so every rank writes its own part (``__R_0.distcp``) of one checkpoint.
 
 The commit follows ECRL's rule, not DCP's: DCP fsyncs its files but never the directory, and
 knows nothing of ``latest.json``. Per checkpoint at step ``c``
@@ -31,8 +31,8 @@ a restricted unpickler that only builds DCP's metadata classes, and no pickled o
 stored (non-tensor state is JSON).
 
 ``ECRL_CRASH_AT=sharded:POINT[:N[:ATTEMPT]]`` kills a process at ``POINT`` of its N-th sharded
-checkpoint (:data:`ecrl.runtime.persist.SHARDED_POINTS`; ``enospc`` fails the part's write with
-``OSError(ENOSPC)``); ``ECRL_CRASH_RANK`` limits it to one rank.
+checkpoint (:data:`ecrl.runtime.checkpoint.persist.SHARDED_POINTS`; ``enospc`` fails the part's
+write with ``OSError(ENOSPC)``); ``ECRL_CRASH_RANK`` limits it to one rank.
 """
 
 from __future__ import annotations
@@ -88,16 +88,16 @@ from ecrl.contract.shardfile import (
     file_checksum,
     pack_chunks,
 )
-from ecrl.runtime import statepack
-from ecrl.runtime.persist import (
+from ecrl.runtime.checkpoint import statepack
+from ecrl.runtime.checkpoint.persist import (
     CRASH_EXIT_CODE,
     DISK_FULL_POINT,
     CrashHook,
     apply_retention,
     remove_checkpoint,
 )
-from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, storage_key, warn
-from ecrl.runtime.strategies import CheckpointContext, Strategy
+from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key, warn
+from ecrl.runtime.checkpoint.strategies import CheckpointContext, Strategy
 
 __all__ = ["CRASH_RANK_ENV", "ShardedSaveFailed", "ShardedCheckpoints",
            "AsyncShardedCheckpoints", "shard_name", "load"]
@@ -772,7 +772,7 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         """Per staging set: (layout, this rank's chunks, their tensors' views of them)."""
         self._free: list[int] = []
         # The copy of parameters and optimizer state runs under the next step, as for
-        # ``overlapped`` (:mod:`ecrl.runtime.pipeline`); the commit waits for it.
+        # ``overlapped`` (:mod:`ecrl.runtime.checkpoint.pipeline`); the commit waits for it.
         self._pipeline = SnapshotPipeline(ctx.optimizers, on_ready=self._copied,
                                           on_torn=self._torn) if ctx.optimizers else None
         self._synchronous = False
@@ -932,6 +932,6 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
 
 def _copy_keys(sources: dict[str, torch.Tensor], staged: dict[str, torch.Tensor],
                keys: list[str]) -> None:
-    """The deferred part of a staging copy (on :mod:`ecrl.runtime.pipeline`'s thread)."""
+    """The deferred part of a staging copy (on :mod:`ecrl.runtime.checkpoint.pipeline`'s thread)."""
     for key in keys:
         staged[key].copy_(sources[key])

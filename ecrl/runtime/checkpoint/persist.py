@@ -90,7 +90,8 @@ MIN_KEEP = 2
 """Retention never keeps fewer checkpoints: the fallback needs an earlier one."""
 SHARDED_POINTS = ("before-parts", "after-parts", "during-metadata", "after-metadata",
                   "before-rename", "before-pointer", "after-pointer", "during-persist")
-"""Crash points of the ``sharded`` target (:mod:`ecrl.runtime.sharded`), in protocol order."""
+"""Crash points of the ``sharded`` target (:mod:`ecrl.runtime.checkpoint.sharded`), in protocol
+order."""
 # ``.dcp``: a sharded checkpoint directory (ecrl.contract.shardfile).
 _NAME = re.compile(r"^step-(\d{8,})\.(?:ckpt|dcp)$")
 

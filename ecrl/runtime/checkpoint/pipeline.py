@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ecrl.runtime import statepack
+from ecrl.runtime.checkpoint import statepack
 
 __all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred", "storage_key",
            "tensor_path", "warn"]

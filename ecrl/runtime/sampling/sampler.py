@@ -1,7 +1,7 @@
 """The resumable global-batch sampler as a plain iterator of ``(global_step, shard)``.
 
 The public, ``torch.utils.data`` face of the same order is :class:`ecrl.GlobalBatchSampler`
-(:mod:`ecrl.runtime.batch_sampler`); both load states through :func:`check_state`.
+(:mod:`ecrl.runtime.sampling.batch_sampler`); both load states through :func:`check_state`.
 
 A thin stateful layer over :mod:`ecrl.contract.semantics`, which defines the windows and shards.
 Its state is the next step's ``{epoch, cursor_step, seed}`` plus the geometry; a checkpoint taken

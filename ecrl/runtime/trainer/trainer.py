@@ -1,5 +1,5 @@
-"""The DDP training process that torchrun launches (``python -m ecrl.runtime.trainer``), one per
-rank.
+"""The DDP training process that torchrun launches (``python -m ecrl.runtime.trainer.trainer``),
+one per rank.
 
 Each step follows the timeline of seed ``000_…`` §4.6, in this order:
 
@@ -46,15 +46,15 @@ from torch.nn.parallel import DistributedDataParallel
 from ecrl.contract.atomicio import atomic_write_bytes, atomic_write_text
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.runformat import RunManifest, RunPaths, read_json_record
-from ecrl.runtime.batch_sampler import GlobalBatchSampler
-from ecrl.runtime.bgwriter import WriterCrashed
-from ecrl.runtime.checkpointer import Checkpointer, seed_all
-from ecrl.runtime.datasets import build_dataset
+from ecrl.runtime.checkpoint.bgwriter import WriterCrashed
+from ecrl.runtime.checkpoint.checkpointer import Checkpointer, seed_all
 from ecrl.runtime.failure import FATAL_EXIT_CODE, fatal_reason, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
-from ecrl.runtime.models import build_model
 from ecrl.runtime.runconfig import RunConfig
-from ecrl.runtime.steplog import StepLog
+from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.steplog import StepLog
+from ecrl.runtime.trainer.datasets import build_dataset
+from ecrl.runtime.trainer.models import build_model
 
 __all__ = ["FINAL_DIR", "Trainer", "main", "params_digest"]
 

@@ -3,11 +3,11 @@
 In data parallelism every rank holds the whole model and optimizer state, so when one rank dies
 the others still have it (seed ``004_…``). The survivors learn of the death from their next
 collective: with gloo the all-reduce raises within milliseconds ("connection closed by peer"),
-with a hung peer the watchdog (:mod:`ecrl.runtime.watchdog`) fires, and torchrun, once it saw a
-rank exit, sends the others SIGTERM. Each of these reaches :meth:`JitCheckpoints.rescue`, which
-saves **without any collective** (the peers may be gone) and commits with the same atomic protocol
-as every other checkpoint (file, fsync, checkpoint event, ``latest.json``). The first survivor to
-create ``logs/attempt-NNN/jit.claim`` (``O_EXCL``) writes; the others only exit.
+with a hung peer the watchdog (:mod:`ecrl.runtime.checkpoint.watchdog`) fires, and torchrun, once
+it saw a rank exit, sends the others SIGTERM. Each of these reaches :meth:`JitCheckpoints.rescue`,
+which saves **without any collective** (the peers may be gone) and commits with the same atomic
+protocol as every other checkpoint (file, fsync, checkpoint event, ``latest.json``). The first
+survivor to create ``logs/attempt-NNN/jit.claim`` (``O_EXCL``) writes; the others only exit.
 
 Which step the rescued state belongs to (the seed's rule for a failure during the optimizer
 step). A survivor stuck in step c+1's all-reduce holds the state after step c: the update of
@@ -19,9 +19,9 @@ dead rank's log, and a checkpoint of step c would commit a step the logs cannot 
 - every rank keeps a copy of the state as it was before its latest update. It is taken as the
   state after each step, at the step boundary, with the copy of the parameters and optimizer
   state left to a background thread that runs under the next step's forward and backward pass
-  (:class:`ecrl.runtime.pipeline.SnapshotPipeline`, as for ``overlapped``): they change only in
-  the next update, whose optimizer step pre-hook waits for the copy and then makes it the copy
-  in force. Two sets of buffers, allocated once on the state's device, take turns: the one in
+  (:class:`ecrl.runtime.checkpoint.pipeline.SnapshotPipeline`, as for ``overlapped``): they change
+  only in the next update, whose optimizer step pre-hook waits for the copy and then makes it the
+  copy in force. Two sets of buffers, allocated once on the state's device, take turns: the one in
   force stays whole while the next is being filled. A tensor written in place between the
   boundary and the update (its version counter moved) is copied again before the update, so
   the copy is the state as the update found it; an update that did not happen (a skipped
@@ -37,9 +37,9 @@ At most one step is replayed: step c, when the dead rank did not log it.
 
 RNG streams: the survivor cannot gather the dead ranks' RNG states, so under ``jit`` every rank
 reseeds its RNG streams at each step boundary from ``(seed, rank, next step)``
-(:func:`ecrl.runtime.checkpointer.rank_seed`), and a JIT checkpoint carries no RNG states: the
-resumed ranks derive the same streams from the step, so a rescued run stays bit-identical to its
-uninterrupted twin.
+(:func:`ecrl.runtime.checkpoint.checkpointer.rank_seed`), and a JIT checkpoint carries no RNG
+states: the resumed ranks derive the same streams from the step, so a rescued run stays
+bit-identical to its uninterrupted twin.
 
 ``--ckpt-every K`` adds low-frequency blocking checkpoints, the fallback when no rank survives
 (all killed at once, a node lost).
@@ -65,11 +65,11 @@ import torch
 from ecrl.contract.atomicio import atomic_write_text
 from ecrl.contract.ckptfile import FOOTER_SIZE
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths, loads
-from ecrl.runtime import statepack
+from ecrl.runtime.checkpoint import statepack
+from ecrl.runtime.checkpoint.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
+from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key
+from ecrl.runtime.checkpoint.strategies import BlockingCheckpoints, CheckpointContext
 from ecrl.runtime.endings import JIT_MARKER
-from ecrl.runtime.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
-from ecrl.runtime.pipeline import Deferred, SnapshotPipeline, storage_key
-from ecrl.runtime.strategies import BlockingCheckpoints, CheckpointContext
 
 __all__ = ["JIT_EXIT_CODE", "JIT_MARKER", "CLAIM", "KILL_ENV", "PeerLost", "JitCheckpoints",
            "RescueResult", "logged_through", "read_jit"]

@@ -1,12 +1,12 @@
 """State digests: one SHA-256 per checkpointed object, at save time and as loaded.
 
 A digest attests what an object's ``state_dict`` held, canonically: the state tree as
-:func:`ecrl.runtime.statepack.encode` lays it out (tensors pulled out, the rest JSON), with each
-tensor replaced by its dtype, shape and the SHA-256 of its raw bytes, serialised as JSON with
-sorted keys. Representation details that a faithful ``load_state_dict`` may change do not count:
-the order of dict entries (an optimizer's per-parameter state), tuples versus lists, the device
-a tensor lives on, whether it is contiguous. Everything else (every value, dtype, shape, byte)
-does.
+:func:`ecrl.runtime.checkpoint.statepack.encode` lays it out (tensors pulled out, the rest JSON),
+with each tensor replaced by its dtype, shape and the SHA-256 of its raw bytes, serialised as JSON
+with sorted keys. Representation details that a faithful ``load_state_dict`` may change do not
+count: the order of dict entries (an optimizer's per-parameter state), tuples versus lists, the
+device a tensor lives on, whether it is contiguous. Everything else (every value, dtype, shape,
+byte) does.
 
 Two sides compute the same function:
 
@@ -18,7 +18,7 @@ Two sides compute the same function:
   file.
 
 This module is imported by the background writer, which never imports torch: the live side
-imports :mod:`ecrl.runtime.statepack` (torch) only when it is called.
+imports :mod:`ecrl.runtime.checkpoint.statepack` (torch) only when it is called.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def live_digest(state: Any) -> str:
     """The digest of a live state tree (a ``state_dict``, RNG states), computed as at save time."""
     import torch
 
-    from ecrl.runtime import statepack
+    from ecrl.runtime.checkpoint import statepack
 
     encoded = statepack.encode(state, meta={})
 

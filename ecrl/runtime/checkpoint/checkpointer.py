@@ -12,20 +12,21 @@ same run gives the same numbers however often it was interrupted.
 supervisor chose, or ``checkpoints/latest.json`` when running standalone), verifies its checksum,
 refuses one written by a run with another data set, global batch or seed, and returns the next
 step to run (0 on a fresh start). :meth:`Checkpointer.after_step` is the step boundary: the
-checkpoint when one is due (:mod:`ecrl.runtime.strategies`, chosen by name from
-:mod:`ecrl.runtime.registry`), then the injected failure when one is due
+checkpoint when one is due (:mod:`ecrl.runtime.checkpoint.strategies`, chosen by name from
+:mod:`ecrl.runtime.checkpoint.registry`), then the injected failure when one is due
 (:mod:`ecrl.runtime.failure`).
 
 Settings (strategy, interval, retention, failures, deadline, hang bound) come from the
 supervisor's environment under ``ecrl launch``/``ecrl run`` and from the constructor's arguments
 otherwise.
 
-Three guards ride on the same boundary. The ``jit`` strategy (:mod:`ecrl.runtime.jit`) saves from
-a healthy rank when a peer dies: use the checkpointer as a context manager around the loop
-(``with ckpt: for step …``) so that the exception a dead peer causes reaches it. The watchdog
-(:mod:`ecrl.runtime.watchdog`) turns a hung collective into a ``hung`` attempt within its bound.
-With a deadline (:mod:`ecrl.runtime.deadline`) the ranks agree on a last step, rank 0 commits the
-final checkpoint and the process exits with ``DEADLINE_EXIT_CODE`` (``SystemExit``).
+Three guards ride on the same boundary. The ``jit`` strategy (:mod:`ecrl.runtime.checkpoint.jit`)
+saves from a healthy rank when a peer dies: use the checkpointer as a context manager around the
+loop (``with ckpt: for step …``) so that the exception a dead peer causes reaches it. The watchdog
+(:mod:`ecrl.runtime.checkpoint.watchdog`) turns a hung collective into a ``hung`` attempt within
+its bound. With a deadline (:mod:`ecrl.runtime.checkpoint.deadline`) the ranks agree on a last
+step, rank 0 commits the final checkpoint and the process exits with ``DEADLINE_EXIT_CODE``
+(``SystemExit``).
 """
 
 from __future__ import annotations
@@ -49,10 +50,9 @@ from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.semantics import Geometry, mix64_int
 from ecrl.contract.shardfile import VerifiedShards
-from ecrl.runtime import digests, statepack
 from ecrl.runtime._attempt import Attempt, resolve_attempt
-from ecrl.runtime.batch_sampler import GlobalBatchSampler
-from ecrl.runtime.deadline import (
+from ecrl.runtime.checkpoint import digests, statepack
+from ecrl.runtime.checkpoint.deadline import (
     DEADLINE_EXIT_CODE,
     DEADLINE_MARKER,
     DeadlineClock,
@@ -60,24 +60,25 @@ from ecrl.runtime.deadline import (
     estimate_ckpt_s,
     resolve_deadline,
 )
-from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
-from ecrl.runtime.jit import JitCheckpoints, exit_after_rescue
-from ecrl.runtime.persist import (
+from ecrl.runtime.checkpoint.jit import JitCheckpoints, exit_after_rescue
+from ecrl.runtime.checkpoint.persist import (
     checkpoint_name,
     checkpoint_step,
     clean_temporaries,
     read_checkpoint,
     read_latest,
 )
-from ecrl.runtime.registry import built_strategies
-from ecrl.runtime.steplog import StepLog
-from ecrl.runtime.strategies import (
+from ecrl.runtime.checkpoint.registry import built_strategies
+from ecrl.runtime.checkpoint.strategies import (
     BlockingCheckpoints,
     CheckpointContext,
     Strategy,
     make_strategy,
 )
-from ecrl.runtime.watchdog import HUNG_EXIT_CODE, HUNG_MARKER, Watchdog, WatchdogConfig
+from ecrl.runtime.checkpoint.watchdog import HUNG_EXIT_CODE, HUNG_MARKER, Watchdog, WatchdogConfig
+from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
+from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.steplog import StepLog
 
 __all__ = ["Checkpointer", "seed_all", "rank_seed"]
 
@@ -130,10 +131,10 @@ class Checkpointer:
 
     ``log``: the run's :class:`ecrl.StepLog` (run directory, attempt, data set and seed to check
     checkpoints against); without one, pass ``run_dir``. ``strategy`` (none, blocking,
-    overlapped, sharded, sharded-async, jit: :mod:`ecrl.runtime.registry`), ``every``
+    overlapped, sharded, sharded-async, jit: :mod:`ecrl.runtime.checkpoint.registry`), ``every``
     (checkpoint after every K-th step; 0: never), ``keep``,
     ``max_inflight``, ``fail_at``, ``fail_rank``, ``deadline`` (Unix time, or a string
-    :func:`ecrl.runtime.deadline.parse_deadline` reads; default ``SLURM_JOB_END_TIME``),
+    :func:`ecrl.runtime.checkpoint.deadline.parse_deadline` reads; default ``SLURM_JOB_END_TIME``),
     ``hang_timeout`` (seconds; None: derived; 0: off): used when no supervisor set them.
     """
 
@@ -326,7 +327,7 @@ class Checkpointer:
                     f"{key}={value!r}: it does not belong to this run (use a new run directory, "
                     "or the settings it was written with)")
         if isinstance(ckpt, VerifiedShards):
-            from ecrl.runtime import sharded  # DCP is imported only by runs that use it
+            from ecrl.runtime.checkpoint import sharded  # DCP is imported only by runs that use it
 
             saved = sharded.load(ckpt)
         else:

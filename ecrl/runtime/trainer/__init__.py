@@ -1,0 +1,1 @@
+"""The built-in trainer (`ecrl run`): its data sets and models."""
