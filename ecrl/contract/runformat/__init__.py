@@ -1,0 +1,69 @@
+"""The run directory: what the runtime writes and the verifier reads (torch-free).
+
+::
+
+    RUN/run.json                                 RunManifest
+    RUN/supervisor.json                          SupervisorState (attempts, restarts, status)
+    RUN/logs/attempt-NNN/rank-NNN.jsonl          StepRecord per line
+    RUN/logs/attempt-NNN/checkpoint_rank0.jsonl  CheckpointEvent per line
+    RUN/checkpoints/latest.json                  LatestPointer
+
+Every record carries ``schema_version``; a reader rejects versions it does not know rather than
+guess. Records are typed, frozen dataclasses; ``from_dict`` validates field names and types and
+keeps unknown fields in ``extra`` (adding fields is allowed by the contract, renaming is not), and
+``to_dict`` writes them back, so a round trip loses nothing.
+
+JSON-lines files are appended one whole line per ``write`` and flushed, so the only damage a
+killed process can do is a torn last line (no trailing newline). :class:`JsonlReader` tolerates
+exactly that, where the caller says the file belongs to a failed attempt, and reports it as a
+warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` at ``file:line``.
+
+The implementation is split by concern: :mod:`.records` (the typed records), :mod:`.jsonl`
+(reading and writing them), :mod:`.layout` (the directory's paths); this module is their public
+surface.
+"""
+
+from __future__ import annotations
+
+from ecrl.contract.runformat._json import dumps, loads
+from ecrl.contract.runformat.jsonl import (
+    JsonlReader,
+    JsonlWriter,
+    TornLine,
+    read_json_record,
+    write_json_record,
+)
+from ecrl.contract.runformat.layout import RunPaths, find_runs, is_run_dir
+from ecrl.contract.runformat.records import (
+    SAMPLER_KINDS,
+    SCHEMA_VERSION,
+    STRATEGIES,
+    CheckpointEvent,
+    LatestPointer,
+    RunManifest,
+    StepRecord,
+    SupervisorAttempt,
+    SupervisorState,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STRATEGIES",
+    "SAMPLER_KINDS",
+    "RunManifest",
+    "SupervisorAttempt",
+    "SupervisorState",
+    "StepRecord",
+    "CheckpointEvent",
+    "LatestPointer",
+    "TornLine",
+    "JsonlReader",
+    "JsonlWriter",
+    "RunPaths",
+    "read_json_record",
+    "write_json_record",
+    "find_runs",
+    "is_run_dir",
+    "dumps",
+    "loads",
+]

@@ -1,0 +1,134 @@
+"""Reading and writing records: JSON-lines step and checkpoint logs, whole-file records.
+
+JSON-lines files are appended one whole line per ``write`` and flushed, so the only damage a
+killed process can do is a torn last line (no trailing newline). :class:`JsonlReader` tolerates
+exactly that, where the caller says the file belongs to a failed attempt, and reports it as a
+warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` at ``file:line``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from ecrl.contract.atomicio import AppendLog, atomic_write_bytes
+from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat._json import JSON_ERRORS, dumps, loads
+from ecrl.contract.runformat._record import Record
+
+__all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "write_json_record"]
+
+
+@dataclass(frozen=True, slots=True)
+class TornLine:
+    """A warning: the last line of a failed attempt's file was cut short by the crash."""
+
+    path: str
+    line: int
+    preview: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: torn last line ignored (crash while writing): " \
+               f"{self.preview!r}"
+
+
+R = TypeVar("R", bound=Record)
+
+
+class JsonlReader(Generic[R]):
+    """Stream ``(line_number, record)`` from a JSON-lines file, in constant memory.
+
+    ``torn_tail_ok``: the file belongs to an attempt that crashed, so a last line without its
+    newline is expected; it is skipped and appended to :attr:`warnings`. Otherwise, and for any
+    defect elsewhere, :class:`RunFormatError` names the file and line.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], record: type[R], *, torn_tail_ok: bool
+                 ) -> None:
+        self.path = str(path)
+        self.record = record
+        self.torn_tail_ok = torn_tail_ok
+        self.warnings: list[TornLine] = []
+
+    def raw(self) -> Iterator[tuple[int, Any]]:
+        """``(line_number, parsed JSON)`` without record validation (fast path for checkers)."""
+        try:
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed in finally
+        except OSError as exc:
+            raise RunFormatError(self.path, None, f"cannot read: {exc.strerror}") from None
+        try:
+            number = 0
+            for number, line in enumerate(handle, start=1):
+                if not line.endswith(b"\n"):
+                    # Only the last line can lack its newline.
+                    if self.torn_tail_ok:
+                        preview = line[:60].decode("utf-8", "replace")
+                        self.warnings.append(TornLine(self.path, number, preview))
+                        return
+                    raise RunFormatError(
+                        self.path,
+                        number,
+                        "last line is incomplete (no newline), but this attempt did not crash",
+                    )
+                if not line.strip():
+                    raise RunFormatError(self.path, number, "empty line")
+                try:
+                    yield number, loads(line)
+                except JSON_ERRORS as exc:
+                    raise RunFormatError(self.path, number, f"not valid JSON ({exc})") from None
+        finally:
+            handle.close()
+
+    def __iter__(self) -> Iterator[tuple[int, R]]:
+        for number, data in self.raw():
+            yield number, self.record.from_dict(data, where=(self.path, number))
+
+
+class JsonlWriter:
+    """Append records to a JSON-lines file, one flushed line each."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        self._log = AppendLog(path, fsync=fsync)
+        self.path = self._log.path
+
+    def write(self, record: Record) -> None:
+        self._log.append(dumps(record.to_dict()) + b"\n")
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_json_record(path: str | os.PathLike[str], record: Record, *,
+                      hook: Callable[[str], None] | None = None) -> None:
+    """Atomically replace ``path`` with ``record`` (pretty-printed: people read these files).
+
+    ``hook`` is passed to :func:`ecrl.contract.atomicio.atomic_write_bytes` (crash tests).
+    """
+    text = json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
+
+
+def read_json_record(path: str | os.PathLike[str], record: type[R]) -> R:
+    """Read and validate a whole-file JSON record."""
+    p = str(path)
+    try:
+        data = Path(p).read_bytes()
+    except FileNotFoundError:
+        raise RunFormatError(p, None, "file is missing") from None
+    except OSError as exc:
+        raise RunFormatError(p, None, f"cannot read: {exc.strerror}") from None
+    try:
+        parsed = loads(data)
+    except JSON_ERRORS as exc:
+        raise RunFormatError(p, None, f"not valid JSON ({exc})") from None
+    return record.from_dict(parsed, where=(p, None))
