@@ -127,12 +127,12 @@ def test_layout_and_checksums(tmp_path: Path) -> None:
 def test_a_chunk_is_written_from_its_pieces_padded_to_their_offsets(tmp_path: Path) -> None:
     import hashlib
 
-    from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _storage as storage
 
     a = torch.arange(5, dtype=torch.float32)
     b = torch.arange(6, dtype=torch.int64).reshape(2, 3).t()  # not contiguous: copied, in order
-    chunk = sharded._ChunkBytes([(64, b), (0, a)], 192)
-    fs = sharded._HashingFileSystem()
+    chunk = storage.ChunkBytes([(64, b), (0, a)], 192)
+    fs = storage.HashingFileSystem()
     with fs.create_stream(tmp_path / "part", "wb") as stream:
         assert stream.write(chunk.getbuffer()) == 192
     data = (tmp_path / "part").read_bytes()
@@ -141,9 +141,9 @@ def test_a_chunk_is_written_from_its_pieces_padded_to_their_offsets(tmp_path: Pa
     assert data == expected
     assert fs.digest("part") == (f"sha256:{hashlib.sha256(data).hexdigest()}", 192)
     with pytest.raises(ValueError, match="overlap"):
-        list(sharded._ChunkBytes([(0, a), (16, a)], 192).views())
+        list(storage.ChunkBytes([(0, a), (16, a)], 192).views())
     with pytest.raises(ValueError, match="past the chunk"):
-        list(sharded._ChunkBytes([(0, a)], 16).views())
+        list(storage.ChunkBytes([(0, a)], 16).views())
 
 
 def test_a_format_2_checkpoint_still_loads(
@@ -154,6 +154,7 @@ def test_a_format_2_checkpoint_still_loads(
 
     from ecrl.contract import shardfile
     from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _commit as commit
 
     new_state = sharded.ShardedCheckpoints._dcp_state
 
@@ -164,7 +165,7 @@ def test_a_format_2_checkpoint_still_loads(
 
     with monkeypatch.context() as old:
         old.setattr(sharded.ShardedCheckpoints, "_dcp_state", as_tensors)
-        old.setattr(sharded, "_ChunkPlanner", DefaultSavePlanner)
+        old.setattr(commit, "ChunkPlanner", DefaultSavePlanner)
         old.setattr(shardfile, "FORMAT_VERSION", 2)
         cut, _ = _train(tmp_path, strategy="sharded", stop_after=9)
     manifest = json.loads((tmp_path / "checkpoints" / "step-00000007.dcp" / MANIFEST).read_text())
@@ -179,9 +180,9 @@ def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reu
         tmp_path: Path) -> None:
     import hashlib
 
-    from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _storage as storage
 
-    fs = sharded._HashingFileSystem()
+    fs = storage.HashingFileSystem()
     chunk = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8)  # 3 MiB, hashed in place
     reused = bytearray(b"h" * (2 << 20))  # 2 MiB, not a chunk: changed after each write
     path = tmp_path / "part"
@@ -190,7 +191,7 @@ def test_the_hashing_stream_hashes_what_reached_the_file_whatever_the_caller_reu
             stream.write(memoryview(b"header"))
             stream.write(memoryview(reused))
             reused[:] = b"x" * len(reused)
-            stream.write(sharded._ChunkBytes([(0, chunk)], chunk.numel()))
+            stream.write(storage.ChunkBytes([(0, chunk)], chunk.numel()))
     data = path.read_bytes()
     assert fs.digest("part") == (f"sha256:{hashlib.sha256(data).hexdigest()}", len(data))
     assert data.count(b"h" * 1024) > 0 and len(data) == 3 * (6 + (2 << 20) + (3 << 20))
@@ -200,9 +201,9 @@ def test_a_write_that_fails_records_no_digest_and_leaves_no_hashing_thread(
         tmp_path: Path) -> None:
     import threading
 
-    from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _storage as storage
 
-    fs = sharded._HashingFileSystem()
+    fs = storage.HashingFileSystem()
     with pytest.raises(RuntimeError, match="disk went away"), \
             fs.create_stream(tmp_path / "part", "wb") as stream:
         stream.write(memoryview(b"some bytes"))
@@ -289,11 +290,12 @@ def test_retention_and_temporaries_handle_directories(tmp_path: Path) -> None:
 def test_a_retired_checkpoint_s_parts_are_written_over_and_resume_exactly(
         tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _commit as commit
+    from ecrl.runtime.checkpoint.sharded import _storage as storage
 
     taken: list[bool] = []
-    take = sharded._take_recycled
-    monkeypatch.setattr(sharded, "_take_recycled",
+    take = storage.take_recycled
+    monkeypatch.setattr(commit, "take_recycled",
                         lambda *args: taken.append(take(*args)) or taken[-1])
     cut, _ = _train(tmp_path, strategy="sharded", every=2, stop_after=9)
     # checkpoints after 1, 3, 5, 7, 9; two kept: from the fourth on each wrote over a retired one
@@ -332,25 +334,25 @@ def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
 
 def test_retirement_keeps_only_the_parts_and_a_recycled_file_is_cut_to_its_new_content(
         tmp_path: Path) -> None:
-    from ecrl.runtime.checkpoint import sharded
+    from ecrl.runtime.checkpoint.sharded import _storage as storage
 
     old = tmp_path / "step-00000003.dcp"
     old.mkdir()
     for name in ("__0_0.distcp", "__1_0.distcp", ".metadata", MANIFEST):
         (old / name).write_bytes(b"o" * 100)
-    sharded._retire(old)
+    storage.retire(old)
     recycled = tmp_path / RECYCLED
     assert not old.exists() and sorted(p.name for p in recycled.iterdir()) == [
         "__0_0.distcp", "__1_0.distcp"]  # no manifest: never mistaken for a checkpoint
     tmp = tmp_path / ".step-00000011.dcp.a0.tmp"
-    assert sharded._take_recycled(tmp_path, tmp) and not recycled.exists()
-    assert not sharded._take_recycled(tmp_path, tmp_path / "other")
-    fs = sharded._HashingFileSystem()
+    assert storage.take_recycled(tmp_path, tmp) and not recycled.exists()
+    assert not storage.take_recycled(tmp_path, tmp_path / "other")
+    fs = storage.HashingFileSystem()
     with fs.create_stream(tmp / "__0_0.distcp", "wb") as stream:
         stream.write(memoryview(b"new"))
     assert (tmp / "__0_0.distcp").read_bytes() == b"new"
     assert fs.digest("__0_0.distcp")[1] == 3
-    sharded._retire(tmp_path / "step-00000005.ckpt")  # a file: deleted as before (missing: fine)
+    storage.retire(tmp_path / "step-00000005.ckpt")  # a file: deleted as before (missing: fine)
 
 
 _SCRIPT = textwrap.dedent("""

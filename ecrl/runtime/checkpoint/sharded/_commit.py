@@ -1,88 +1,36 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): ``sharded`` and
-``sharded-async``.
-
-Every rank hands DCP the same state (model, optimizer, scheduler, sampler, every rank's RNG
-states: the StatePack tree of :mod:`ecrl.runtime.checkpoint.statepack`, its tensors as DCP entries,
-the rest as JSON in ECRL's manifest). DCP's planner gives each replicated tensor to one rank,
-balancing the bytes, so every rank writes its own part (``__R_0.distcp``) of one checkpoint.
-
-The commit follows ECRL's rule, not DCP's: DCP fsyncs its files but never the directory, and
-knows nothing of ``latest.json``. Per checkpoint at step ``c``
-(:meth:`ShardedCheckpoints._persist`):
-
-1. rank 0 creates ``checkpoints/.step-C.dcp.aA.tmp/``; barrier;
-2. every rank writes its part (DCP, fsync'd; hashed as it is written) and fsyncs the
-   directory; rank 0 (DCP's coordinator) writes ``.metadata``;
-3. the parts' sizes and SHA-256 are gathered to rank 0, which hashes ``.metadata`` and writes
-   ``ecrl-manifest.json`` (atomically, fsync'd, directory fsync'd): the checkpoint's checksum is
-   the manifest's hash (:mod:`ecrl.contract.shardfile`);
-4. rank 0 renames the directory to ``step-C.dcp`` and fsyncs ``checkpoints/``;
-5. rank 0 appends the checkpoint event, replaces ``latest.json`` (atomically), applies retention.
-
-A crash anywhere before 5 leaves ``latest.json`` naming the previous checkpoint, whole.
-``sharded`` runs this on the training thread (training waits; a barrier ends the boundary).
-``sharded-async`` copies the state to CPU buffers on the training thread (the stall) and runs the
-protocol on a background thread over a gloo process group of its own, ``max_inflight`` checkpoints
-at most in flight (the next one waits: back-pressure); :meth:`close` waits for every one.
-
-Loading (:func:`load`) works at any world size (each rank reads every tensor; DCP reshards), and
-runs no code: the manifest and every part are verified first, DCP's ``.metadata`` pickle is read by
-a restricted unpickler that only builds DCP's metadata classes, and no pickled object is ever
-stored (non-tensor state is JSON).
-
-``ECRL_CRASH_AT=sharded:POINT[:N[:ATTEMPT]]`` kills a process at ``POINT`` of its N-th sharded
-checkpoint (:data:`ecrl.runtime.checkpoint.persist.SHARDED_POINTS`; ``enospc`` fails the part's
-write with ``OSError(ENOSPC)``); ``ECRL_CRASH_RANK`` limits it to one rank.
-"""
+"""The sharded strategies and their commit protocol (the package's docstring gives the steps):
+``sharded`` on the training thread, ``sharded-async`` on a background thread of its own."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import functools
 import hashlib
-import io
 import json
 import os
-import pickle
-import queue
 import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import (
-    FileSystem,
-    FileSystemReader,
-    FileSystemWriter,
-)
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future as TorchFuture
 
 from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
-from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
+from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
 from ecrl.contract.shardfile import (
-    ALIGN,
-    BYTE_CHUNKS_SINCE,
     MANIFEST,
     METADATA_FILE,
     RECYCLED,
-    SUFFIX,
-    VerifiedShards,
     chunk_key,
     encode_manifest,
     file_checksum,
@@ -90,405 +38,23 @@ from ecrl.contract.shardfile import (
 )
 from ecrl.runtime.checkpoint import statepack
 from ecrl.runtime.checkpoint.persist import (
-    CRASH_EXIT_CODE,
-    DISK_FULL_POINT,
     CrashHook,
     apply_retention,
     remove_checkpoint,
 )
 from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key, warn
+from ecrl.runtime.checkpoint.sharded._storage import (
+    ChunkBytes,
+    ChunkPlanner,
+    Crash,
+    PartWriter,
+    disk_problem,
+    first_line,
+    retire,
+    shard_name,
+    take_recycled,
+)
 from ecrl.runtime.checkpoint.strategies import CheckpointContext, Strategy
-
-__all__ = ["CRASH_RANK_ENV", "ShardedSaveFailed", "ShardedCheckpoints",
-           "AsyncShardedCheckpoints", "shard_name", "load"]
-
-CRASH_RANK_ENV = "ECRL_CRASH_RANK"
-
-
-def shard_name(global_step: int) -> str:
-    """Directory name (inside ``checkpoints/``) of the sharded checkpoint after ``global_step``."""
-    return f"step-{global_step:08d}{SUFFIX}"
-
-
-class _Crash:
-    """The ``sharded`` crash point of one checkpoint on this rank (tests and ``ecrl faults``)."""
-
-    def __init__(self, hook: CrashHook, rank: int) -> None:
-        only = os.environ.get(CRASH_RANK_ENV)
-        self._hook = hook.for_write("sharded")
-        if only not in (None, "") and int(only) != rank:
-            self._hook = None
-        self.point = hook.point if self._hook is not None else None
-
-    def at(self, point: str) -> None:
-        if self._hook is not None:
-            self._hook(point)
-
-    def armed(self, point: str) -> bool:
-        return self.point == point
-
-
-class _ChunkBytes(io.BytesIO):
-    """A chunk handed to DCP as a byte entry, without its bytes ever being gathered in one buffer:
-    the pieces (offset in the chunk, tensor) are written one after the other, zero-padded to their
-    offsets, straight from where they lie (the live state under ``sharded``, whose training waits
-    for the commit; the staged chunk under ``sharded-async``). DCP writes a byte entry as
-    ``stream.write(entry.getbuffer())``, and :class:`_HashingStream` knows this object; nothing is
-    copied into a chunk first and nothing goes through ``torch.save`` (its zip framing and CRC-32
-    cost about as much as the write itself). ``io.BytesIO`` only because DCP requires that type of
-    a byte entry; the base object stays empty."""
-
-    def __init__(self, pieces: list[tuple[int, torch.Tensor]], nbytes: int) -> None:
-        super().__init__()
-        self.pieces = sorted(pieces, key=lambda piece: piece[0])
-        self.nbytes = nbytes
-
-    def getbuffer(self) -> Any:
-        return self
-
-    def views(self) -> Iterator[memoryview]:
-        """The chunk's bytes in order, as views of the pieces and of zero padding."""
-        at = 0
-        for offset, tensor in self.pieces:
-            if offset < at:
-                raise ValueError(f"chunk pieces overlap at byte {offset}")
-            yield from _zeros(offset - at)
-            view = _byte_view(tensor)
-            yield view
-            at = offset + view.nbytes
-        if at > self.nbytes:
-            raise ValueError(f"chunk pieces end at byte {at}, past the chunk's {self.nbytes}")
-        yield from _zeros(self.nbytes - at)
-
-
-_ZEROS = memoryview(bytes(ALIGN))
-
-
-def _zeros(count: int) -> Iterator[memoryview]:
-    while count > 0:
-        yield _ZEROS[:min(count, ALIGN)]
-        count -= ALIGN
-
-
-def _byte_view(tensor: torch.Tensor) -> memoryview:
-    """The bytes of ``tensor`` (any dtype, any device) as a flat view, copied only when the tensor
-    is not a contiguous CPU tensor."""
-    flat = tensor.detach()
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    flat = flat.contiguous().reshape(-1)
-    if flat.dtype != torch.uint8:
-        flat = flat.view(torch.uint8)
-    array: Any = flat.numpy()
-    return memoryview(array)
-
-
-class _HashingStream:
-    """A file DCP writes its part into, hashed on the way (SHA-256 and size of every byte).
-
-    DCP writes a part front to back (``tell`` for offsets, ``write``, ``flush``, ``fsync``), so
-    the digest of what passed through is the digest of the file: no second pass reads the part
-    back from the page cache to checksum it. A thread hashes the bytes in write order, and starts
-    only at ``flush`` (which DCP calls right before its ``fsync``): the writes have the core to
-    themselves, and the hash runs while the process waits for the disk. A chunk's pieces
-    (:class:`_ChunkBytes`) stay unchanged until the save ends, so they are hashed from where they
-    lie; any other buffer (DCP's own small writes) is hashed from a copy."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-        self._pending: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._go = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
-
-    def _hash_in_order(self) -> None:
-        self._go.wait()
-        while (segment := self._pending.get()) is not None:
-            if self._failed is None:
-                try:
-                    self.sha256.update(segment)
-                except BaseException as exc:  # raised again by hexdigest(), on the writer
-                    self._failed = exc
-
-    def write(self, data: Any) -> int:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._hash_in_order, daemon=True,
-                                            name="ecrl-part-hash")
-            self._thread.start()
-        if isinstance(data, _ChunkBytes):
-            return sum(self._write(view, view) for view in data.views())
-        view = memoryview(data).cast("B")
-        return self._write(view, bytes(view))
-
-    def _write(self, view: memoryview, segment: Any) -> int:
-        self._pending.put(segment)
-        written = self.raw.write(view)
-        if written != len(view):  # a buffered file writes all or raises; anything else is a bug
-            raise OSError(errno.EIO, f"short write of a checkpoint part ({written} of "
-                                     f"{len(view)} bytes)")
-        self.size += written
-        return written
-
-    def hexdigest(self) -> str:
-        """The digest of every byte written (waits for the hashing thread)."""
-        self.stop()
-        if self._failed is not None:
-            raise self._failed
-        return self.sha256.hexdigest()
-
-    def finish(self) -> None:
-        """No more writes: the thread hashes what is queued and ends by itself."""
-        if self._thread is not None:
-            self._pending.put(None)
-            self._go.set()
-
-    def stop(self) -> None:
-        self.finish()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def flush(self) -> None:
-        self.raw.flush()
-        self._go.set()
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
-
-    def close(self) -> None:
-        """Cut off what a recycled file held past the content written (DCP closes the stream
-        when the part is complete), then close."""
-        if not self.raw.closed:
-            self.raw.truncate()
-            self.raw.close()
-
-
-class _HashingFileSystem(FileSystem):
-    """DCP's local file system whose new files are hashed as they are written; :meth:`digest`
-    waits for a file's hash to finish."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._hashing: dict[str, _HashingStream] = {}
-
-    def digest(self, name: str) -> tuple[str, int]:
-        """(``sha256:<hex>``, size) of the file ``name`` written whole through this system."""
-        hashing = self._hashing[name]
-        return f"{CHECKSUM_ALGORITHM}:{hashing.hexdigest()}", hashing.size
-
-    @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        raw: BinaryIO
-        try:  # a recycled part (:func:`_retire`) is written over, in place
-            raw = open(path, "r+b")  # noqa: SIM115 (closed below)
-        except FileNotFoundError:
-            raw = open(path, "wb")  # noqa: SIM115
-        with raw:
-            hashing = _HashingStream(raw)
-            try:
-                yield hashing
-                hashing.close()
-            except BaseException:
-                hashing.stop()
-                raise
-        hashing.finish()
-        self._hashing[Path(path).name] = hashing
-
-
-def _retire(path: Path) -> None:
-    """Retention's removal of a checkpoint: a sharded one's parts are recycled, not deleted.
-
-    Writing a new 94 MB file took 230-250 ms here, writing over a recycled one whose pages are
-    still in the page cache 17 ms: the pages of a new file are memory the kernel must first hand
-    out (on this virtual machine each page's first touch is paid to the host), the recycled file's
-    are there already, and its blocks are allocated. Databases recycle their log segments for the
-    same reason."""
-    if path.name.endswith(SUFFIX) and path.is_dir() and not path.is_symlink():
-        recycled = path.parent / RECYCLED
-        with contextlib.suppress(OSError):
-            for entry in path.iterdir():
-                if not entry.name.endswith(".distcp"):
-                    entry.unlink()  # first the manifest: from here on it is no checkpoint
-            shutil.rmtree(recycled, ignore_errors=True)
-            os.rename(path, recycled)
-            return
-    remove_checkpoint(path)
-
-
-def _take_recycled(directory: Path, tmp: Path) -> bool:
-    """Make the recycled parts the temporary directory ``tmp`` of the next checkpoint."""
-    try:
-        os.rename(directory / RECYCLED, tmp)
-    except OSError:
-        return False
-    return True
-
-
-class _Writer(FileSystemWriter):
-    """DCP's file writer, remembering the files this rank wrote and their digests (taken while
-    writing); crash points for tests."""
-
-    def __init__(self, path: Path, crash: _Crash) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1,
-                         overwrite=True)
-        self.fs: _HashingFileSystem = _HashingFileSystem()
-        self.crash = crash
-        self.written: list[str] = []
-
-    def part_digests(self) -> dict[str, dict[str, Any]]:
-        """``{part: {"checksum", "size"}}`` of the parts this rank wrote."""
-        return {part: dict(zip(("checksum", "size"), self.fs.digest(part), strict=True))
-                for part in self.written}
-
-    def write_data(self, plan: Any, planner: Any) -> TorchFuture[list[WriteResult]]:
-        if self.crash.armed(DISK_FULL_POINT):
-            # A full disk surfaces at the write call, once part of the data reached the file.
-            target = Path(self.path) / f"__{dist.get_rank() if dist.is_initialized() else 0}_0"
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
-        future = super().write_data(plan, planner)
-        results = future.wait()
-        self.written = sorted({r.storage_data.relative_path for r in results})
-        self.crash.at("after-parts")
-        return future
-
-    def finish(self, metadata: Any, results: Any) -> None:
-        super().finish(metadata, results)
-        if self.crash.armed("during-metadata"):
-            # Torn: the process dies with half of .metadata on disk (never fsync'd whole).
-            target = Path(self.path) / METADATA_FILE
-            with open(target, "r+b") as handle:
-                handle.truncate(max(1, target.stat().st_size // 2))
-            os._exit(CRASH_EXIT_CODE)
-        self.crash.at("after-metadata")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata classes (and torch dtypes, sizes, layouts, paths), nothing else: a
-    ``.metadata`` that names any other callable is refused instead of run."""
-
-    _EXACT = frozenset({("torch", "Size"), ("torch.serialization", "_get_layout"),
-                        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-                        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-                        ("collections", "OrderedDict")})
-
-    def find_class(self, module: str, name: str) -> Any:
-        if "." not in name:
-            if (module, name) in self._EXACT:
-                return super().find_class(module, name)
-            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-                return super().find_class(module, name)
-            if module == "torch.distributed.checkpoint.metadata":
-                found = super().find_class(module, name)
-                if isinstance(found, type) or name == "_MEM_FORMAT_ENCODING":
-                    return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-
-
-class _Reader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = Path(self.path) / METADATA_FILE
-        try:
-            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: refused DCP metadata ({exc})") from None
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _ChunkPlanner(DefaultSavePlanner):
-    """DCP's save planner that hands a chunk's byte entry to the writer as it is: DCP's default
-    pickles the object of a byte entry with ``torch.save`` first."""
-
-    def transform_object(self, write_item: Any, object: Any) -> Any:
-        if isinstance(object, _ChunkBytes):
-            return object
-        return super().transform_object(write_item, object)
-
-
-class _BytesIntoChunks(DefaultLoadPlanner):
-    """DCP's load planner that copies each chunk's byte entry into the chunk's tensor (format 3)
-    instead of handing the bytes to ``torch.load`` as DCP's default does."""
-
-    def __init__(self, chunks: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._chunks = chunks
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        name = read_item.dest_index.fqn
-        target, data = self._chunks[name], value.getbuffer()
-        if data.nbytes != target.numel():
-            raise CheckpointError(f"chunk {name} holds {data.nbytes} bytes, the manifest says "
-                                  f"{target.numel()}")
-        target.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
-
-
-def load(ckpt: VerifiedShards) -> Any:
-    """The state tree of a verified sharded checkpoint (CPU tensors), at any world size."""
-    entries: list[dict[str, Any]] = ckpt.manifest["tensors"]
-    try:
-        buffers = {str(c["key"]): torch.empty(int(c["nbytes"]), dtype=torch.uint8)
-                   for c in ckpt.manifest["chunks"]}
-        chunks = [buffers[chunk_key(int(e["chunk"]))] for e in entries]
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{ckpt.path}: the manifest does not say where its tensors lie"
-                              ) from None
-    # Format 2 stored each chunk as a uint8 tensor entry (torch.save'd), format 3 as raw bytes.
-    as_bytes = ckpt.manifest["version"] >= BYTE_CHUNKS_SINCE
-    targets: dict[str, Any] = {k: io.BytesIO() for k in buffers} if as_bytes else buffers
-    try:
-        with warnings.catch_warnings():
-            # "assuming the intent is to load in a single process": it is (every rank loads all).
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(targets, storage_reader=_Reader(ckpt.path), no_dist=True,
-                     planner=_BytesIntoChunks(buffers) if as_bytes else None)
-    except CheckpointException as exc:
-        raise CheckpointError(f"{ckpt.path}: DCP could not load it ({_first_line(exc)})") from None
-
-    def raw(index: int) -> torch.Tensor:
-        entry = entries[index]
-        return chunks[index].narrow(0, int(entry["offset"]), int(entry["nbytes"]))
-
-    return statepack.rebuild_from_bytes(ckpt.manifest["tree"], entries, raw, where=ckpt.path)
-
-
-def _unwrap_failures(exc: BaseException) -> list[BaseException]:
-    """The ranks' own exceptions inside DCP's CheckpointException (``(exception, stack)``)."""
-    failures = getattr(exc, "failures", None) or {}
-    out = []
-    for failure in failures.values():
-        inner = failure[0] if isinstance(failure, tuple) and failure else failure
-        if isinstance(inner, BaseException):
-            out.append(inner)
-    return out
-
-
-def _first_line(exc: BaseException) -> str:
-    for inner in _unwrap_failures(exc):
-        if isinstance(inner, OSError):
-            return f"{inner.strerror or inner} ({inner.filename})"
-        if isinstance(inner, BaseException):
-            return (str(inner).strip().splitlines() or [type(inner).__name__])[0]
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _disk_problem(exc: BaseException) -> OSError | None:
-    for inner in [exc, *_unwrap_failures(exc)]:
-        if isinstance(inner, OSError):
-            return inner
-    return None
 
 
 def _done_event() -> threading.Event:
@@ -638,7 +204,7 @@ class ShardedCheckpoints(Strategy):
 
     def _persist(self, job: _Job, *, t0: float | None = None) -> None:
         ctx = self.ctx
-        crash = _Crash(self._hook, ctx.rank)
+        crash = Crash(self._hook, ctx.rank)
         if self.asynchronous:
             crash.at("during-persist")
             if not self._agree(job):
@@ -650,27 +216,27 @@ class ShardedCheckpoints(Strategy):
         t1 = time.perf_counter()
         if ctx.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not _take_recycled(directory, tmp):
+            if not take_recycled(directory, tmp):
                 tmp.mkdir(parents=True)
         if self._distributed:
             dist.barrier(group=self._group)
         crash.at("before-parts")
-        writer = _Writer(tmp, crash)
+        writer = PartWriter(tmp, crash)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "save in a single process"
                 dcp.save(self._dcp_state(job), storage_writer=writer,
-                         planner=_ChunkPlanner(), process_group=self._group,
+                         planner=ChunkPlanner(), process_group=self._group,
                          no_dist=not self._distributed)
             mine = writer.part_digests()
             fsync_dir(tmp)  # DCP never does: the parts' directory entries must survive too
         except (CheckpointException, OSError) as exc:
-            problem = _disk_problem(exc)
+            problem = disk_problem(exc)
             if problem is None:
                 # A peer died or hung during the save: a crash like any other, so the supervisor
                 # relaunches from the last committed checkpoint (not a fatal error).
                 raise ShardedSaveFailed(f"the sharded checkpoint of step {job.step} failed: "
-                                        f"{_first_line(exc)}") from None
+                                        f"{first_line(exc)}") from None
             raise CheckpointError(
                 f"writing the sharded checkpoint of step {job.step} failed: "
                 f"{problem.strerror or problem} ({problem.filename or tmp})") from None
@@ -728,7 +294,7 @@ class ShardedCheckpoints(Strategy):
                                   f"{exc.strerror or exc} ({exc.filename or ctx.paths.latest})"
                                   ) from None
         crash.at("after-pointer")
-        apply_retention(directory, latest_step=job.step, keep=ctx.keep, retire=_retire)
+        apply_retention(directory, latest_step=job.step, keep=ctx.keep, retire=retire)
 
     def _own_chunks(self, job: _Job) -> list[int]:
         """The chunks this rank writes: chunk ``rank`` (none when the state made fewer chunks
@@ -736,16 +302,16 @@ class ShardedCheckpoints(Strategy):
         uses, so no rank depends on how DCP would share out entries every rank holds."""
         return [self.ctx.rank] if self.ctx.rank < len(job.chunk_sizes) else []
 
-    def _dcp_state(self, job: _Job) -> dict[str, _ChunkBytes]:
+    def _dcp_state(self, job: _Job) -> dict[str, ChunkBytes]:
         """What DCP saves: this rank's chunks by key, as byte entries written from their pieces
         (the staged chunk itself under async; the live tensors under ``sharded``, never copied)."""
         if job.chunks is not None:  # staged and filled already (async)
-            return {chunk_key(k): _ChunkBytes([(0, c)], c.numel()) for k, c in job.chunks.items()}
+            return {chunk_key(k): ChunkBytes([(0, c)], c.numel()) for k, c in job.chunks.items()}
         pieces: dict[int, list[tuple[int, torch.Tensor]]] = {k: [] for k in self._own_chunks(job)}
         for tensor, (chunk, offset) in zip(job.tensors.values(), job.places, strict=True):
             if tensor.numel() and chunk in pieces:
                 pieces[chunk].append((offset, tensor))
-        return {chunk_key(k): _ChunkBytes(members, job.chunk_sizes[k])
+        return {chunk_key(k): ChunkBytes(members, job.chunk_sizes[k])
                 for k, members in pieces.items()}
 
     def _agree(self, job: _Job) -> bool:
