@@ -29,9 +29,8 @@ from torch.utils.data import Sampler
 from ecrl.contract import semantics
 from ecrl.contract.errors import SemanticsError
 from ecrl.runtime._attempt import dist_rank_world, install_error_hook
-from ecrl.runtime.sampling.sampler import check_state
 
-__all__ = ["GlobalBatchSampler", "dist_rank_world"]
+__all__ = ["GlobalBatchSampler", "check_state", "dist_rank_world"]
 
 
 _BLOCK_IDS = 1 << 14
@@ -196,3 +195,18 @@ class GlobalBatchSampler(Sampler[list[int]]):
         state = check_state(state_dict, self.geometry, self.seed)
         self._next = state.global_step
         self._pending = None
+
+
+def check_state(data: Mapping[str, Any], geometry: semantics.Geometry, seed: int
+                ) -> semantics.SamplerState:
+    """A saved sampler position, refused in one line unless it belongs to ``geometry`` and
+    ``seed`` (the same data-set size, global batch and seed)."""
+    state = semantics.SamplerState.from_dict(data)
+    if state.geometry != geometry or state.seed != seed:
+        raise SemanticsError(
+            f"the saved sampler state was built for D={state.geometry.dataset_size}, "
+            f"B={state.geometry.global_batch}, seed={state.seed}, this sampler has "
+            f"D={geometry.dataset_size}, B={geometry.global_batch}, seed={seed}: resume with "
+            "the run's own data set, batch and seed, or start a new run directory"
+        )
+    return state

@@ -1,7 +1,7 @@
 """Data sets that yield ``(x, y, sample_id)``, and batches fetched by sample ID.
 
 The trainer never iterates a data loader: each step it asks for exactly the IDs of its shard
-(:mod:`ecrl.runtime.sampling.sampler`), so :meth:`SampleSource.batch` takes an array of IDs.
+(:mod:`ecrl.runtime.sampling.batch_sampler`), so :meth:`SampleSource.batch` takes an array of IDs.
 ``source[i]`` gives the same sample one at a time, as ``(x, y, i)``; both paths produce
 bit-identical tensors.
 
