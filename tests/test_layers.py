@@ -24,7 +24,7 @@ ALLOWED = {
     # The settings validate strategy names against the checkpoint registry (torch-free), and the
     # attempt's environment waits on the warm standby's signal.
     "ecrl/runtime": (*_RUNTIME_SHARED, "ecrl.runtime.checkpoint.registry",
-                     "ecrl.runtime.checkpoint.bgwriter", "ecrl.runtime.supervision.standby"),
+                     "ecrl.runtime.supervision.standby"),
     "ecrl/runtime/sampling": (*_RUNTIME_SHARED, "ecrl.runtime.sampling"),
     "ecrl/runtime/checkpoint": (*_RUNTIME_SHARED, "ecrl.runtime.sampling",
                                 "ecrl.runtime.checkpoint"),

@@ -17,7 +17,7 @@ from types import TracebackType
 
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime.failure import write_fatal
+from ecrl.runtime.failure import RestartableError, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 
 __all__ = ["Attempt", "dist_rank_world", "install_error_hook", "resolve_attempt"]
@@ -110,10 +110,8 @@ def install_error_hook() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        from ecrl.runtime.checkpoint.bgwriter import WriterCrashed
-
         rank = os.environ.get("RANK", "0")
-        if isinstance(exc, WriterCrashed):  # restartable: the supervisor relaunches
+        if isinstance(exc, RestartableError):  # the supervisor relaunches
             print(f"ecrl (rank {rank}): {exc}", file=sys.stderr, flush=True)
             return
         if not isinstance(exc, EcrlError):

@@ -38,12 +38,17 @@ from ecrl.contract.runformat import RunPaths
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
            "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "fatal_reason",
-           "RankError", "rank_errors"]
+           "RankError", "rank_errors", "RestartableError"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
 MARKER = "failure.json"
 FATAL_MARKER = "fatal.json"
+
+
+class RestartableError(RuntimeError):
+    """An error a relaunch can fix (a helper process of the rank vanished): the rank reports it
+    in one line, and the attempt fails without ``fatal.json``, so the supervisor relaunches."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -56,7 +56,7 @@ from ecrl.runtime.checkpoint.persist import (
     checkpoint_name,
     commit_checkpoint,
 )
-from ecrl.runtime.failure import disk_error
+from ecrl.runtime.failure import RestartableError, disk_error
 
 __all__ = ["WriterCrashed", "Slot", "WriterClient", "main"]
 
@@ -64,7 +64,7 @@ _SLOT_GRANULE = 1 << 20
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-class WriterCrashed(RuntimeError):
+class WriterCrashed(RestartableError):
     """The writer process vanished (killed, crashed): the attempt fails and is restarted."""
 
 
