@@ -3,7 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ecrl-installed
-# torch comes pinned from the machine's local wheel store; pyproject keeps a compatible range.
+# torch comes pinned from the machine's local wheel store; pyproject keeps a compatible range in its
+# `train` extra, which `dev` includes (the base install, `pip install ecrl`, has no torch).
 TORCH  := torch==2.14.1 torchvision==0.29.1
 PYTEST_WORKERS ?= auto
 

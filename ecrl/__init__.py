@@ -6,7 +6,8 @@ and ``ecrl.apps`` (command line, demo, benchmarks: the only layer importing veri
 
 The library API for a user's own training loop (``docs/library.md``) loads torch when one of its
 names is first used: :class:`GlobalBatchSampler`, :class:`WithSampleIds`, :class:`StepLog`,
-:class:`Checkpointer`.
+:class:`Checkpointer`. Without torch (``pip install ecrl`` alone) such a name raises
+:class:`ecrl.contract.extras.MissingExtraError`, an ``ImportError`` naming ``ecrl[train]``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ecrl.contract.errors import ConfigError, EcrlError, RunFormatError, SemanticsError
+from ecrl.contract.extras import require as _require
 
 if TYPE_CHECKING:
     from ecrl.runtime.checkpoint.checkpointer import Checkpointer
@@ -39,6 +41,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ecrl' has no attribute {name!r}")
+    _require("torch", what=f"ecrl.{name}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ecrl.contract.errors import EcrlError
+from ecrl.contract.extras import require
 from verifier.replay import DEFAULT_TOLERANCE
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
@@ -58,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[ecrl-verify] {message}", file=sys.stderr, flush=True)
 
     try:
+        if args.report:  # its plots: refuse before verifying, not after
+            require("matplotlib", what="--report")
         result = verify(args.path, reference=args.reference, series=bool(args.report),
                         progress=progress if sys.stderr.isatty() else None,
                         same_order=args.same_order, replay_tolerance=args.replay_tolerance)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ecrl.contract.errors import ConfigError, EcrlError
+from ecrl.contract.extras import missing, require
 from ecrl.runtime.runconfig import BUILT_STRATEGIES
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    require("torch")  # the supervisor is torch-free, its ranks are not: refuse before launching
     config = _run_config(args)
     if config.strategy not in BUILT_STRATEGIES:
         return _not_built(f"run --strategy {config.strategy}",
@@ -118,6 +120,7 @@ def _add_launch_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
+    require("torch")  # torchrun runs in this interpreter
     import time
 
     from ecrl.runtime.supervision.launcher import (
@@ -145,25 +148,31 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    require("torch")
     from ecrl.apps.demo import run_demo
 
     return run_demo(out=args.out)
 
 
 def _cmd_faults(args: argparse.Namespace) -> int:
+    require("torch")
     from ecrl.apps.faults import main as faults_main
 
     return faults_main(quick=args.quick, out=args.out, jobs=args.jobs, fmt=args.format)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from ecrl.apps.bench import BENCHES
+    from ecrl.apps.bench import BENCHES, TORCH_BENCHES
     from ecrl.apps.bench._common import render_json, render_text, write_docs_section
 
     names = list(BENCHES) if args.name == "all" else [args.name]
     status = 0
     for name in names:
         module_name, _ = BENCHES[name]
+        if name in TORCH_BENCHES and (reason := missing("torch")):
+            print(f"ecrl bench {name}: {reason}", file=sys.stderr)
+            status = NOT_BUILT_EXIT
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -186,6 +195,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    require("torch")
+    require("matplotlib")  # its figures come last, after hours of runs
     from pathlib import Path
 
     from ecrl.apps.matrix import default_out, load_matrix, resolve_config, run_matrix

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target
 
-__all__ = ["BENCHES", "BenchResult", "BenchRow", "Progress", "Target"]
+__all__ = ["BENCHES", "TORCH_BENCHES", "BenchResult", "BenchRow", "Progress", "Target"]
 
 BENCHES: dict[str, tuple[str, str]] = {
     "sampler": ("ecrl.apps.bench.sampler",
@@ -24,3 +24,7 @@ BENCHES: dict[str, tuple[str, str]] = {
                 "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
 }
 """name -> (module, one-line description)."""
+
+TORCH_BENCHES = frozenset({"sampler", "checkpoint", "recovery", "transform", "library"})
+"""The benchmarks that train or time torch: without it (``pip install ecrl``) they are refused,
+and ``ecrl bench all`` runs the others."""
