@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative tolerance for replayed losses where bit-identical ones "
                              "are not expected (another world size, or a run that declares "
                              f"deterministic false); default {DEFAULT_TOLERANCE:g}")
+    parser.add_argument("--self-test", action="store_true",
+                        help="also apply the mutation catalogue to a copy of each passing run "
+                             "and say how many harmful mutations the verifier caught (one line "
+                             "per run on stderr, and in the report with --report); slow: it "
+                             "verifies each of about forty mutants")
     return parser
 
 
@@ -63,8 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         same_order=args.same_order, replay_tolerance=args.replay_tolerance)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
         _print_quietly(render(result))
+        self_tests = None
+        if args.self_test:
+            from verifier.selftest import self_test_runs, summary_line
+
+            self_tests = self_test_runs(result)
+            for path, test in self_tests.items():
+                print(f"ecrl-verify: {summary_line(path, test)}", file=sys.stderr)
         if args.report:
-            written = write_report(result, args.report)
+            written = write_report(result, args.report, self_tests=self_tests)
             print(f"ecrl-verify: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     except EcrlError as exc:
         print(f"ecrl-verify: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,10 @@ from ecrl.contract.atomicio import atomic_write_text
 from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
 from verifier.result import Metrics, RunResult, VerifyResult
 
-__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
-           "SELF_TEST_MAX_RECORDS"]
+__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report"]
 
 WITNESSES_SHOWN = 3
 WARNINGS_SHOWN = 5
-SELF_TEST_MAX_RECORDS = 50_000
-"""``write_report`` runs the mutation catalogue on runs up to this many records."""
 
 
 def _seconds(value: float | None) -> str:
@@ -338,7 +336,7 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None = None,
-                    self_tests: dict[str, dict[str, Any]] | None = None) -> str:
+                    self_tests: Mapping[str, dict[str, Any]] | None = None) -> str:
     """The report of ``--report DIR`` (plots and mutation self-tests are passed in)."""
     out = [f"# ecrl-verify report: {result.verdict}", ""]
     for reason in result.unknown:
@@ -477,38 +475,20 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def write_report(result: VerifyResult, directory: str | Path, *,
-                 self_test: bool = True) -> list[Path]:
+                 self_tests: Mapping[str, dict[str, Any]] | None = None) -> list[Path]:
     """Write ``report.md``, ``report.json`` and PNG plots into ``directory``; return the files.
 
-    Runs need their series (``verify(..., series=True)``) for the plots. With ``self_test``,
-    the mutation catalogue runs on each passing run of at most :data:`SELF_TEST_MAX_RECORDS`
-    records, and the report states its kill rate.
+    Runs need their series (``verify(..., series=True)``) for the plots. ``self_tests`` (run
+    path -> :func:`verifier.selftest.self_test_runs`' entry, ``--self-test``) are stated in the
+    report when given; the report never runs them itself.
     """
-    from verifier.testing import mutations
-
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}
-    tests: dict[str, dict[str, Any]] = {}
+    tests = dict(self_tests or {})
     for i, run in enumerate(result.runs):
         stem = "" if len(result.runs) == 1 else f"run{i}-"
         plots[run.path] = _plots(run, target, stem)
-        if not self_test:
-            continue
-        if run.verdict != "PASS":
-            tests[run.path] = {"skipped_reason": "the run does not pass, so mutants of it "
-                                                 "prove nothing"}
-        elif not run.windows_checked:
-            tests[run.path] = {"skipped_reason": "an external sampler's run is audited without "
-                                                 "windows, and the catalogue's mutations are "
-                                                 "written against ECRL's windows"}
-        elif run.metrics.records > SELF_TEST_MAX_RECORDS:
-            tests[run.path] = {"skipped_reason": f"the run has {run.metrics.records:,} records "
-                                                 f"(limit {SELF_TEST_MAX_RECORDS:,}); `ecrl "
-                                                 "bench verify` reports the kill rate on "
-                                                 "generated runs"}
-        else:
-            tests[run.path] = mutations.self_test(run.path).as_dict()
     data = result.as_dict()
     for run in data["runs"]:
         run["mutation_self_test"] = tests.get(run["path"])

@@ -11,8 +11,8 @@ import pytest
 from verifier_helpers import make_run
 
 from verifier import verify, verify_run
+from verifier._testing.generate import committed_steps
 from verifier.goodput import loss_divergence
-from verifier.testing.generate import committed_steps
 
 
 def test_metrics_of_a_run_with_failures(tmp_path: Path) -> None:

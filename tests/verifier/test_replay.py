@@ -13,8 +13,8 @@ import pytest
 from verifier_helpers import assert_verdict, make_run
 
 from verifier import render_json, render_text, verify
+from verifier._mutations import apply, judge
 from verifier.replay import DEFAULT_TOLERANCE, ReplayTracker
-from verifier.testing.mutations import apply, judge
 
 # Two failures at one world size: replayed steps after each resume (chaos 8: ranks ran past
 # the checkpoint their successor resumed from).
