@@ -17,6 +17,7 @@ from typing import Any
 
 from ecrl.contract.atomicio import atomic_write_text
 from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
+from verifier.explain import explain
 from verifier.result import Metrics, RunResult, VerifyResult
 
 __all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report"]
@@ -186,7 +187,7 @@ def _run_text(run: RunResult) -> list[str]:
         out.append(f"  ✗ {kind}: {KINDS[kind].summary} ({total:,} "
                    f"item{'s' if total != 1 else ''})")
         for a in witnesses[:WITNESSES_SHOWN]:
-            out.append(f"      {a.message}")
+            out.append(f"      {explain(a)}")
             where = _at(run, a)
             if where:
                 out.append(f"        at {where}")
@@ -238,9 +239,24 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _anomaly_data(a: Anomaly) -> dict[str, Any]:
+    """A witness for tools: its data with the explainer's message after its obligation."""
+    data = a.as_dict()
+    return {"kind": data.pop("kind"), "obligation": data.pop("obligation"),
+            "message": explain(a), **data}
+
+
+def _data(result: VerifyResult) -> dict[str, Any]:
+    """``result.as_dict()`` with each anomaly's message (the one thing the data leaves out)."""
+    data = result.as_dict()
+    for run, out in zip(result.runs, data["runs"], strict=True):
+        out["anomalies"] = [_anomaly_data(a) for a in run.anomalies]
+    return data
+
+
 def render_json(result: VerifyResult) -> str:
     """``{"verdict", "runs": [{"path", "verdict", "anomalies", "warnings", "metrics", …}]}``."""
-    return json.dumps(_clean(result.as_dict()), indent=2)
+    return json.dumps(_clean(_data(result)), indent=2)
 
 
 def _junit_skip(run: RunResult, obligation: str) -> str | None:
@@ -308,8 +324,8 @@ def render_junit(result: VerifyResult) -> str:
             found = [a for a in run.anomalies if a.kind in kinds]
             if found:
                 total = sum(run.anomaly_counts.get(k, 0) for k in kinds)
-                body = "\n".join(f"{a.kind}: {a.message} [{_at(run, a)}]" for a in found)
-                ET.SubElement(case, "failure", message=f"{total} anomalies: {found[0].message}",
+                body = "\n".join(f"{a.kind}: {explain(a)} [{_at(run, a)}]" for a in found)
+                ET.SubElement(case, "failure", message=f"{total} anomalies: {explain(found[0])}",
                               type=found[0].kind).text = body
                 counts["failures"] += 1
             elif unreadable:
@@ -356,7 +372,7 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
                     continue
                 seen.add(a.kind)
                 out.append(f"| `{a.kind}` | {run.anomaly_counts.get(a.kind, 1):,} | "
-                           f"{_md_escape(a.message)} | {_md_escape(_at(run, a))} |")
+                           f"{_md_escape(explain(a))} | {_md_escape(_at(run, a))} |")
             out.append("")
         if run.lineage:
             out += ["### Lineage", "",
@@ -489,7 +505,7 @@ def write_report(result: VerifyResult, directory: str | Path, *,
     for i, run in enumerate(result.runs):
         stem = "" if len(result.runs) == 1 else f"run{i}-"
         plots[run.path] = _plots(run, target, stem)
-    data = result.as_dict()
+    data = _data(result)
     for run in data["runs"]:
         run["mutation_self_test"] = tests.get(run["path"])
         run["plots"] = plots.get(run["path"], [])
