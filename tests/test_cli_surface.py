@@ -114,3 +114,37 @@ def test_docs_section_is_replaced_not_appended(tmp_path: Path) -> None:
     text = doc.read_text()
     assert text.count("<!-- bench:x:start -->") == 1
     assert "| m | a | 2 | b | 4 | 0.5 |" in text and "intro kept" in text
+
+
+# How each command line ends is one definition (ecrl.contract.cli, tested there); each main uses
+# it: Ctrl-C during the work is exit 130 with one line, a closed stdout pipe a quiet exit.
+def _interrupt(*args: object, **kwargs: object) -> int:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("program", "patch", "args"), [
+    ("ecrl", "ecrl.apps.cli._cmd_selfcheck", ["selfcheck"]),
+    ("ecrl-verify", "verifier.verify", ["runs/x"]),
+    ("ecrl-transform", "transform.cli._run", ["train.py"]),
+])
+def test_ctrl_c_is_exit_130(program: str, patch: str, args: list[str],
+                            monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    monkeypatch.setattr(patch, _interrupt)
+    main = importlib.import_module(ENTRY[program]).main
+    assert main(args) == 130
+    prog = "ecrl selfcheck" if program == "ecrl" else program
+    assert capsys.readouterr().err == f"{prog}: interrupted\n"
+
+
+def test_ecrl_stops_quietly_when_its_reader_does() -> None:
+    # `ecrl selfcheck | head -c 1` (ecrl-verify and ecrl-transform: their own test files)
+    proc = subprocess.Popen([sys.executable, "-m", ENTRY["ecrl"], "selfcheck"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child printed anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

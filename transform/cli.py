@@ -13,10 +13,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ecrl.contract.errors import EcrlError
+from ecrl.contract.cli import run_main
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
-EXIT_PIPE = 128 + 13
 """A reader that closed our output (``ecrl-transform --diff | head``): stop, as SIGPIPE would."""
 
 
@@ -176,23 +175,7 @@ def _write(args: argparse.Namespace, source: str, code: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        code = _run(args)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
-        return code
-    except BrokenPipeError:
-        # Nobody reads the rest: stop quietly. Point stdout at /dev/null so the interpreter's
-        # final flush does not raise again and print a traceback.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return EXIT_PIPE
-    except EcrlError as exc:
-        print(f"ecrl-transform: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("ecrl-transform: interrupted", file=sys.stderr)
-        return 130
+    return run_main("ecrl-transform", lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 Every proof obligation of ARCHITECTURE.md ("Committed lineage") is refuted by its own anomaly
 kinds. An :class:`Anomaly` is one *witness*: the smallest piece of evidence that shows the
 obligation fails (the record, line, attempt, step, rank and sample IDs involved), plus ``count``,
-how many items (steps, records or samples) it stands for. Rendering lives in
-:mod:`verifier.report`; nothing here formats for people beyond the one-line ``message``.
+how many items (steps, records or samples) it stands for. An anomaly is data only: its sentence
+is written by the kind's explainer (:mod:`verifier.explain`) when :mod:`verifier.report` renders
+it, as Elle's explainers do. This module imports nothing of the verifier, so every checker can
+record anomalies without pulling in the prose layer.
 """
 
 from __future__ import annotations
@@ -136,9 +138,6 @@ class Anomaly:
 
     kind: str
     """A key of :data:`KINDS`."""
-    message: str = ""
-    """One line: what is wrong at this witness. Left empty, it is written from the anomaly's
-    data by the kind's explainer (:mod:`verifier.explain`)."""
     file: str | None = None
     """Log file (relative to the run directory) of the record that shows it."""
     line: int | None = None
@@ -163,20 +162,16 @@ class Anomaly:
             raise ValueError(f"unknown anomaly kind {self.kind!r}")
         if self.count < 1:
             raise ValueError("an anomaly stands for at least one item")
-        if not self.message:
-            from verifier.explain import explain  # the prose layer, above this module
-
-            object.__setattr__(self, "message", explain(self))
 
     @property
     def obligation(self) -> str:
         return KINDS[self.kind].obligation
 
     def as_dict(self) -> dict[str, Any]:
+        """The witness as data (the report adds its message: ``verifier.report``)."""
         return {
             "kind": self.kind,
             "obligation": self.obligation,
-            "message": self.message,
             "file": self.file,
             "line": self.line,
             "attempt": self.attempt,

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
-from ecrl.contract.errors import EcrlError
+from ecrl.contract.cli import print_quietly, run_main
 from ecrl.contract.extras import require
 from verifier.replay import DEFAULT_TOLERANCE
 
@@ -36,19 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative tolerance for replayed losses where bit-identical ones "
                              "are not expected (another world size, or a run that declares "
                              f"deterministic false); default {DEFAULT_TOLERANCE:g}")
+    parser.add_argument("--self-test", action="store_true",
+                        help="also apply the mutation catalogue to a copy of each passing run "
+                             "and say how many harmful mutations the verifier caught (one line "
+                             "per run on stderr, and in the report with --report); slow: it "
+                             "verifies each of about forty mutants")
     return parser
-
-
-def _print_quietly(text: str) -> None:
-    """Print, tolerating a reader that stops early (``ecrl-verify RUN | head``): the verdict is
-    in the exit code either way."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        # Python would complain again when it flushes stdout at exit; point it at /dev/null.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,28 +50,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(message: str) -> None:
         print(f"[ecrl-verify] {message}", file=sys.stderr, flush=True)
 
-    try:
+    def work() -> int:
         if args.report:  # its plots: refuse before verifying, not after
             require("matplotlib", what="--report")
         result = verify(args.path, reference=args.reference, series=bool(args.report),
                         progress=progress if sys.stderr.isatty() else None,
                         same_order=args.same_order, replay_tolerance=args.replay_tolerance)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
-        _print_quietly(render(result))
+        # A reader that stops early (`ecrl-verify RUN | head`) keeps the verdict's exit code.
+        print_quietly(render(result))
+        self_tests = None
+        if args.self_test:
+            from verifier.selftest import self_test_runs, summary_line
+
+            self_tests = self_test_runs(result)
+            for path, test in self_tests.items():
+                print(f"ecrl-verify: {summary_line(path, test)}", file=sys.stderr)
         if args.report:
-            written = write_report(result, args.report)
+            written = write_report(result, args.report, self_tests=self_tests)
             print(f"ecrl-verify: wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
-    except EcrlError as exc:
-        print(f"ecrl-verify: error: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
-    except OSError as exc:
-        print(f"ecrl-verify: error: {exc.filename or args.path}: {exc.strerror}",
-              file=sys.stderr)
-        return EXIT_UNKNOWN
-    except KeyboardInterrupt:
-        print("ecrl-verify: interrupted", file=sys.stderr)
-        return 130
-    return result.exit_code
+        return result.exit_code
+
+    return run_main("ecrl-verify", work,
+                    os_error=lambda exc: f"{exc.filename or args.path}: {exc.strerror}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The checkers (:mod:`verifier.judge`, :mod:`verifier.ingest`, :mod:`verifier.wind
 :class:`~verifier.anomalies.Anomaly` with its kind, where (file, line, attempt, step, rank),
 ``expected``/``actual``, ``related`` records and ``evidence`` (the kind's own facts). This module
 turns that data into the sentence people read, one explainer per kind, as Elle's explainers do;
-:class:`~verifier.anomalies.Anomaly` calls :func:`explain` when it is built without a message.
+only the report (:mod:`verifier.report`) calls :func:`explain`; an anomaly holds no text.
 :func:`account` writes an unfinished run's one-line account from its
 :class:`~verifier.result.Unfinished` data. (Warnings and unknown reasons are still written where
 they are found.)

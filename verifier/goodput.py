@@ -1,10 +1,12 @@
 """Goodput and the wall-time decomposition, from the data the check already gathered.
 
-``goodput = committed_steps / wall_s`` (seed ``000_…``, eq. 6), where ``wall_s`` runs from the
-first attempt's start to the last attempt's end, so restarts, replayed steps and checkpoint stalls
-all count against it. For a run that has not finished, ``committed_steps`` is its committed
-prefix (up to the last durable checkpoint) and ``wall_s`` ends at its last record when no end
-is recorded yet; the final attempt's later steps are ``tentative_steps``, not replayed ones.
+Goodput is :mod:`ecrl.contract.goodput`'s, the one definition ``ecrl run``'s summary prints too:
+``committed_steps / wall_s``, where ``wall_s`` runs from the first attempt's start to the last
+attempt's end (less the wait after an attempt a person stopped), so restarts, replayed steps and
+checkpoint stalls all count against it. For a run that has not finished, ``committed_steps`` is
+its committed prefix (up to the last durable checkpoint) and an attempt without a recorded end
+ends at its last record; the final attempt's later steps are ``tentative_steps``, not replayed
+ones.
 The checkpoint-time decomposition sums the phases each checkpoint event recorded; ``restart_s``
 and ``lost_s`` split the rest of the failure cost (time between attempts, work after an
 attempt's last committed step).
@@ -18,6 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ecrl.contract.goodput import AttemptSpan, goodput
 from verifier.result import AttemptSummary, CheckpointPoint, Metrics
 from verifier.schema import RunInputs
 
@@ -65,11 +68,9 @@ def compute(inputs: RunInputs, summaries: Sequence[AttemptSummary],
     for a in attempts:
         first, last, _ = times.get(a.attempt, (None, None, None))
         ends.append(a.end_time if a.end_time is not None else last)
-    start = min(a.start_time for a in attempts)
-    known_ends = [e for e in ends if e is not None]
-    wall = (max(known_ends) - start) if known_ends else None
-    if wall is not None and wall <= 0:
-        wall = None
+    measured = goodput(committed_steps=committed_steps, spans=[
+        AttemptSpan(start=a.start_time, end=end, stopped=a.status == "stopped")
+        for a, end in zip(attempts, ends, strict=True)])
     restart = 0.0
     restart_known = len(attempts) > 1
     for a, prev_end in zip(attempts[1:], ends[:-1], strict=True):
@@ -94,8 +95,8 @@ def compute(inputs: RunInputs, summaries: Sequence[AttemptSummary],
         restarts=len(attempts) - 1,
         replayed_steps=sum(s.replayed_steps for s in summaries),
         tentative_steps=sum(s.tentative_steps for s in summaries),
-        wall_s=wall,
-        goodput=committed_steps / wall if wall else None,
+        wall_s=measured.wall_s,
+        goodput=measured.steps_per_s,
         stall_s=float(sum(e.stall_s for e in events)),
         write_s=float(sum(e.write_s for e in events)),
         snapshot_s=float(sum(e.snapshot_s for e in events)),

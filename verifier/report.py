@@ -11,20 +11,19 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ecrl.contract.atomicio import atomic_write_text
 from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
+from verifier.explain import explain
 from verifier.result import Metrics, RunResult, VerifyResult
 
-__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
-           "SELF_TEST_MAX_RECORDS"]
+__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report"]
 
 WITNESSES_SHOWN = 3
 WARNINGS_SHOWN = 5
-SELF_TEST_MAX_RECORDS = 50_000
-"""``write_report`` runs the mutation catalogue on runs up to this many records."""
 
 
 def _seconds(value: float | None) -> str:
@@ -188,7 +187,7 @@ def _run_text(run: RunResult) -> list[str]:
         out.append(f"  ✗ {kind}: {KINDS[kind].summary} ({total:,} "
                    f"item{'s' if total != 1 else ''})")
         for a in witnesses[:WITNESSES_SHOWN]:
-            out.append(f"      {a.message}")
+            out.append(f"      {explain(a)}")
             where = _at(run, a)
             if where:
                 out.append(f"        at {where}")
@@ -240,9 +239,24 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _anomaly_data(a: Anomaly) -> dict[str, Any]:
+    """A witness for tools: its data with the explainer's message after its obligation."""
+    data = a.as_dict()
+    return {"kind": data.pop("kind"), "obligation": data.pop("obligation"),
+            "message": explain(a), **data}
+
+
+def _data(result: VerifyResult) -> dict[str, Any]:
+    """``result.as_dict()`` with each anomaly's message (the one thing the data leaves out)."""
+    data = result.as_dict()
+    for run, out in zip(result.runs, data["runs"], strict=True):
+        out["anomalies"] = [_anomaly_data(a) for a in run.anomalies]
+    return data
+
+
 def render_json(result: VerifyResult) -> str:
     """``{"verdict", "runs": [{"path", "verdict", "anomalies", "warnings", "metrics", …}]}``."""
-    return json.dumps(_clean(result.as_dict()), indent=2)
+    return json.dumps(_clean(_data(result)), indent=2)
 
 
 def _junit_skip(run: RunResult, obligation: str) -> str | None:
@@ -310,8 +324,8 @@ def render_junit(result: VerifyResult) -> str:
             found = [a for a in run.anomalies if a.kind in kinds]
             if found:
                 total = sum(run.anomaly_counts.get(k, 0) for k in kinds)
-                body = "\n".join(f"{a.kind}: {a.message} [{_at(run, a)}]" for a in found)
-                ET.SubElement(case, "failure", message=f"{total} anomalies: {found[0].message}",
+                body = "\n".join(f"{a.kind}: {explain(a)} [{_at(run, a)}]" for a in found)
+                ET.SubElement(case, "failure", message=f"{total} anomalies: {explain(found[0])}",
                               type=found[0].kind).text = body
                 counts["failures"] += 1
             elif unreadable:
@@ -338,7 +352,7 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None = None,
-                    self_tests: dict[str, dict[str, Any]] | None = None) -> str:
+                    self_tests: Mapping[str, dict[str, Any]] | None = None) -> str:
     """The report of ``--report DIR`` (plots and mutation self-tests are passed in)."""
     out = [f"# ecrl-verify report: {result.verdict}", ""]
     for reason in result.unknown:
@@ -358,7 +372,7 @@ def render_markdown(result: VerifyResult, *, plots: dict[str, list[str]] | None 
                     continue
                 seen.add(a.kind)
                 out.append(f"| `{a.kind}` | {run.anomaly_counts.get(a.kind, 1):,} | "
-                           f"{_md_escape(a.message)} | {_md_escape(_at(run, a))} |")
+                           f"{_md_escape(explain(a))} | {_md_escape(_at(run, a))} |")
             out.append("")
         if run.lineage:
             out += ["### Lineage", "",
@@ -477,39 +491,21 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def write_report(result: VerifyResult, directory: str | Path, *,
-                 self_test: bool = True) -> list[Path]:
+                 self_tests: Mapping[str, dict[str, Any]] | None = None) -> list[Path]:
     """Write ``report.md``, ``report.json`` and PNG plots into ``directory``; return the files.
 
-    Runs need their series (``verify(..., series=True)``) for the plots. With ``self_test``,
-    the mutation catalogue runs on each passing run of at most :data:`SELF_TEST_MAX_RECORDS`
-    records, and the report states its kill rate.
+    Runs need their series (``verify(..., series=True)``) for the plots. ``self_tests`` (run
+    path -> :func:`verifier.selftest.self_test_runs`' entry, ``--self-test``) are stated in the
+    report when given; the report never runs them itself.
     """
-    from verifier.testing import mutations
-
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     plots: dict[str, list[str]] = {}
-    tests: dict[str, dict[str, Any]] = {}
+    tests = dict(self_tests or {})
     for i, run in enumerate(result.runs):
         stem = "" if len(result.runs) == 1 else f"run{i}-"
         plots[run.path] = _plots(run, target, stem)
-        if not self_test:
-            continue
-        if run.verdict != "PASS":
-            tests[run.path] = {"skipped_reason": "the run does not pass, so mutants of it "
-                                                 "prove nothing"}
-        elif not run.windows_checked:
-            tests[run.path] = {"skipped_reason": "an external sampler's run is audited without "
-                                                 "windows, and the catalogue's mutations are "
-                                                 "written against ECRL's windows"}
-        elif run.metrics.records > SELF_TEST_MAX_RECORDS:
-            tests[run.path] = {"skipped_reason": f"the run has {run.metrics.records:,} records "
-                                                 f"(limit {SELF_TEST_MAX_RECORDS:,}); `ecrl "
-                                                 "bench verify` reports the kill rate on "
-                                                 "generated runs"}
-        else:
-            tests[run.path] = mutations.self_test(run.path).as_dict()
-    data = result.as_dict()
+    data = _data(result)
     for run in data["runs"]:
         run["mutation_self_test"] = tests.get(run["path"])
         run["plots"] = plots.get(run["path"], [])

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ecrl.contract.errors import ConfigError, EcrlError
+from ecrl.contract.cli import run_main
+from ecrl.contract.errors import ConfigError
 from ecrl.contract.extras import missing, require
 from ecrl.runtime.runconfig import BUILT_STRATEGIES
 
@@ -353,14 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except EcrlError as exc:
-        print(f"ecrl {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"ecrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_main(f"ecrl {args.command}", lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":

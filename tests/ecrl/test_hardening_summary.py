@@ -1,5 +1,5 @@
-"""The run summary counts the attempts' own time, never the idle time between a stop and its
-continuation (issue 11.10), and says what happened in plain words."""
+"""The run summary never counts the idle time between a stop and its continuation (issue 11.10;
+ecrl.contract.goodput), and says what happened in plain words."""
 
 from __future__ import annotations
 

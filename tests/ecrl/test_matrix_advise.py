@@ -13,11 +13,7 @@ from ecrl.apps.matrix import measure_run
 from ecrl.apps.matrix._advice import Overrides, from_matrix, from_run
 from ecrl.contract.errors import ConfigError
 from verifier import verify_run
-
-try:
-    from verifier.testing.generate import RunSpec, generate_run
-except ImportError:  # before the run generator moved under verifier.testing
-    from verifier.generate import RunSpec, generate_run  # type: ignore[no-redef]
+from verifier._testing.generate import RunSpec, generate_run
 
 RATE = 1.0 / 7200.0
 

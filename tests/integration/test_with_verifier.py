@@ -19,7 +19,7 @@ import pytest
 from conftest import RUN_TIMEOUT_S, Run, ecrl
 
 from verifier import render_text, verify
-from verifier.testing.mutations import self_test
+from verifier.selftest import self_test
 
 pytestmark = pytest.mark.torchrun
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.contract import semantics
-from verifier.testing.generate import RunSpec, generate_run, state_digests
-from verifier.testing.mutations import apply
+from verifier._mutations import apply
+from verifier._testing.generate import RunSpec, generate_run, state_digests
 
 # A small elastic run: 2 ranks, then 1, then 2 (D = 40, B = 4: 10 steps per epoch).
 BASE: dict[str, Any] = dict(dataset_size=40, global_batch=4, target_steps=24,

@@ -11,8 +11,8 @@ import pytest
 from verifier_helpers import make_run
 
 from verifier import verify, verify_run
+from verifier._testing.generate import committed_steps
 from verifier.goodput import loss_divergence
-from verifier.testing.generate import committed_steps
 
 
 def test_metrics_of_a_run_with_failures(tmp_path: Path) -> None:
@@ -107,3 +107,49 @@ def test_a_running_attempt_without_an_end_time_ends_at_its_last_record(tmp_path:
                for line in p.read_text().splitlines() if line.endswith("}"))
     assert m.wall_s == pytest.approx(last - supervisor["attempts"][0]["start_time"])
     assert m.committed_steps == 20
+
+
+# ``ecrl run``'s summary and ``ecrl-verify`` print one goodput (ecrl.contract.goodput): the same
+# committed steps over the same wall time, for the same run directory.
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
+FINISHED = sorted(p.name for p in FIXTURES.iterdir()
+                  if p.name.startswith("pass-") and not p.name.startswith("pass-external"))
+
+
+def _both(root: Path) -> tuple[float, float, float | None, float | None]:
+    from ecrl.runtime.supervision.summary import summarize
+
+    summary = summarize(str(root))
+    m = verify_run(root).metrics
+    return summary.goodput, summary.wall_s, m.goodput, m.wall_s
+
+
+@pytest.mark.parametrize("case", FINISHED)
+def test_the_summary_and_the_verifier_print_the_same_goodput(case: str) -> None:
+    summary_goodput, summary_wall, goodput, wall = _both(FIXTURES / case)
+    assert goodput is not None and wall is not None
+    assert (summary_goodput, summary_wall) == (goodput, wall)
+
+
+def test_same_goodput_for_a_run_with_failures_and_a_stop_continued_days_later(
+        tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", dataset_size=60, global_batch=4, target_steps=50,
+                   world_sizes=(2, 4, 1), fail_at=(13, 31), ckpt_every=5, strategy="blocking")
+    summary_goodput, summary_wall, goodput, wall = _both(run.root)
+    assert (summary_goodput, summary_wall) == (goodput, wall)
+    supervisor_path = run.root / "supervisor.json"
+    supervisor = json.loads(supervisor_path.read_text())
+    attempts = supervisor["attempts"]
+    assert wall == pytest.approx(attempts[-1]["end_time"] - attempts[0]["start_time"])
+    # The second failure was a person's stop instead, and the run was continued 3 days later:
+    # the wait is not counted, by either.
+    attempts[1]["status"] = "stopped"
+    for a in attempts[2:]:
+        a["start_time"] += 3 * 86400
+        a["end_time"] += 3 * 86400
+    supervisor_path.write_text(json.dumps(supervisor))
+    summary_goodput, summary_wall, goodput, wall = _both(run.root)
+    assert (summary_goodput, summary_wall) == (goodput, wall)
+    gap = attempts[2]["start_time"] - attempts[1]["end_time"]
+    assert wall == pytest.approx(attempts[-1]["end_time"] - attempts[0]["start_time"] - gap)
+    assert goodput == pytest.approx(50 / wall)

@@ -9,6 +9,7 @@ from verifier_helpers import make_run
 
 from ecrl.contract.runformat import CheckpointEvent, SupervisorAttempt
 from verifier import verify_run
+from verifier.explain import explain
 from verifier.lineage import build_lineage, durable_step, is_finished, lineage_of
 from verifier.schema import CheckpointRecord, read_inputs
 
@@ -64,7 +65,7 @@ def test_unknown_checkpoint_falls_back_to_the_previous_attempt() -> None:
     lineage = build_lineage([attempt(0, None), attempt(1, 7, status="completed")],
                             events(a0=[4]))
     assert [a.kind for a in lineage.anomalies] == ["unknown_checkpoint"]
-    assert lineage.anomalies[0].step == 7 and "recorded: 4" in lineage.anomalies[0].message
+    assert lineage.anomalies[0].step == 7 and "recorded: 4" in explain(lineage.anomalies[0])
     assert bounds(lineage) == [(0, True, 0, 7, None), (1, True, 8, None, 0)]
 
 

@@ -13,8 +13,9 @@ import pytest
 from verifier_helpers import assert_verdict, make_run
 
 from verifier import render_json, render_text, verify
+from verifier._mutations import apply, judge
+from verifier.explain import explain
 from verifier.replay import DEFAULT_TOLERANCE, ReplayTracker
-from verifier.testing.mutations import apply, judge
 
 # Two failures at one world size: replayed steps after each resume (chaos 8: ranks ran past
 # the checkpoint their successor resumed from).
@@ -69,7 +70,7 @@ def test_a_tiny_difference_at_the_same_world_size_is_a_divergence(tmp_path: Path
     assert witness.file == "logs/attempt-001/rank-000.jsonl" and witness.line is not None
     assert witness.related[0].attempt == 0 and witness.related[0].file is not None
     assert witness.expected != witness.actual
-    assert f"resumed from the checkpoint at step {resume}" in witness.message
+    assert f"resumed from the checkpoint at step {resume}" in explain(witness)
 
 
 def test_declared_nondeterminism_uses_the_tolerance_at_every_world_size(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError
 from ecrl.contract.runformat import StepRecord
 from verifier._scan import PREFIX_KEYS, RankLog
-from verifier.testing.generate import RunSpec, generate_run
+from verifier._testing.generate import RunSpec, generate_run
 
 GEOMETRY = semantics.Geometry(dataset_size=40, global_batch=4)
 

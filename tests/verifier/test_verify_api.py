@@ -13,7 +13,7 @@ from verifier_helpers import assert_verdict, make_run, verify_dir
 import verifier
 
 MODULES = ["verifier", "verifier.cli", "verifier.check", "verifier.report",
-           "verifier.testing.generate", "verifier.testing.mutations", "verifier.coverage",
+           "verifier._testing.generate", "verifier._mutations", "verifier.coverage",
            "verifier.lineage", "verifier.goodput", "verifier.ingest", "verifier.judge",
            "verifier.audit", "verifier.replay", "verifier.sameorder",
            "verifier.windows", "verifier.schema", "verifier._scan", "verifier._witness",

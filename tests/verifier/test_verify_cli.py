@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from verifier_helpers import make_run
 
-from verifier.testing.mutations import apply
+from verifier._mutations import apply
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,8 @@ def test_flags_are_pinned() -> None:
     assert out.returncode == 0
     assert out.stdout.startswith("usage: ecrl-verify [-h] [--format {text,json,junit}] "
                                  "[--reference RUN]")
-    for flag in ("--format {text,json,junit}", "--reference RUN", "--report DIR", "PATH"):
+    for flag in ("--format {text,json,junit}", "--reference RUN", "--report DIR", "--self-test",
+                 "--same-order RUN2", "--replay-tolerance REL", "PATH"):
         assert flag in out.stdout
 
 
@@ -85,6 +86,20 @@ def test_report_flag_writes_the_report(runs: Path, tmp_path: Path) -> None:
     assert (tmp_path / "rep" / "report.md").is_file()
     assert (tmp_path / "rep" / "loss.png").is_file()
     assert "wrote" in out.stderr
+
+
+def test_self_test_only_when_asked(runs: Path, tmp_path: Path) -> None:
+    out = cli(str(runs / "runs"), "--self-test", "--report", str(tmp_path / "rep"))
+    assert out.returncode == 1, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "self-test" in line]
+    assert len(lines) == 2, out.stderr
+    assert any("not run: the run does not pass" in line for line in lines)
+    assert any("caught" in line and "(0 false alarms)" in line for line in lines)
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "### Mutation self-test" in report and "kill rate 100%" in report
+    out = cli(str(runs / "runs" / "good"), "--report", str(tmp_path / "plain"))
+    assert "self-test" not in out.stderr
+    assert "Mutation self-test" not in (tmp_path / "plain" / "report.md").read_text()
 
 
 def test_a_reader_that_stops_early_keeps_the_verdict(runs: Path) -> None:

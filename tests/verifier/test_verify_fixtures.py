@@ -59,7 +59,7 @@ def _run(name: str) -> object:
 
 
 def test_benign_fixtures_show_what_they_claim() -> None:
-    from verifier.testing.generate import RunSpec, plan_run
+    from verifier._testing.generate import RunSpec, plan_run
 
     cases = {c.name: c for c in CASES}
     assert _run("pass-replayed-steps").metrics.replayed_steps > 0  # type: ignore[attr-defined]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from verifier_helpers import run_specs
 
 from verifier import render_text, verify_run
-from verifier.testing.generate import RunSpec, committed_steps, generate_run
-from verifier.testing.mutations import CATALOGUE, apply, judge
+from verifier._mutations import CATALOGUE, apply, judge
+from verifier._testing.generate import RunSpec, committed_steps, generate_run
 
 # Each example is cheap (a few small files): at least 240 of them even in the ci profile.
 MANY = settings(max_examples=max(240, settings.default.max_examples))

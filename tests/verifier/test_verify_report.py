@@ -20,7 +20,8 @@ from verifier import (
     verify,
     write_report,
 )
-from verifier.testing.mutations import apply
+from verifier._mutations import apply
+from verifier.selftest import self_test_runs
 
 TOP_KEYS = {"verdict", "path", "unknown", "runs"}
 RUN_KEYS = {"path", "verdict", "anomalies", "anomaly_counts", "warnings", "unknown", "checked",
@@ -146,7 +147,7 @@ def test_every_kind_belongs_to_an_obligation() -> None:
 
 def test_markdown_json_and_plots(runs: dict[str, Path], tmp_path: Path) -> None:
     result = verify(runs["good"], reference=runs["good"], series=True)
-    written = write_report(result, tmp_path / "report")
+    written = write_report(result, tmp_path / "report", self_tests=self_test_runs(result))
     names = sorted(p.name for p in written)
     assert names == ["loss.png", "progress.png", "report.json", "report.md", "stall.png"]
     for png in (p for p in written if p.suffix == ".png"):
@@ -163,7 +164,8 @@ def test_markdown_json_and_plots(runs: dict[str, Path], tmp_path: Path) -> None:
 
 def test_report_of_a_failing_run_skips_the_self_test(runs: dict[str, Path], tmp_path: Path
                                                      ) -> None:
-    write_report(verify(runs["bad"], series=True), tmp_path / "r")
+    result = verify(runs["bad"], series=True)
+    write_report(result, tmp_path / "r", self_tests=self_test_runs(result))
     report = (tmp_path / "r" / "report.md").read_text()
     assert "Not run: the run does not pass" in report and "`duplicate_sample`" in report
 
@@ -203,7 +205,15 @@ def test_unfinished_run_in_text_junit_and_markdown(runs: dict[str, Path], tmp_pa
     assert cases["batch"].find("skipped") is not None
     assert cases["order"].find("skipped") is not None
     assert suite.get("errors") == "1" and suite.get("tests") == str(2 + len(OBLIGATIONS))
-    write_report(verify(runs["stopped"], series=True), tmp_path / "r")
+    stopped = verify(runs["stopped"], series=True)
+    write_report(stopped, tmp_path / "r", self_tests=self_test_runs(stopped))
     report = (tmp_path / "r" / "report.md").read_text()
     assert f"- {run.unfinished.message}" in report and "| tentative |" in report
     assert "Not run: the run does not pass" in report
+
+
+def test_a_report_runs_no_self_test_unless_asked(runs: dict[str, Path], tmp_path: Path) -> None:
+    write_report(verify(runs["good"], series=True), tmp_path / "r")
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert data["runs"][0]["mutation_self_test"] is None
+    assert "Mutation self-test" not in (tmp_path / "r" / "report.md").read_text()

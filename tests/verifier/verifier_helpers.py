@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from verifier import VerifyResult, render_text, verify
-from verifier.testing.generate import GeneratedRun, RunSpec, generate_run
+from verifier._testing.generate import GeneratedRun, RunSpec, generate_run
 
 
 def verify_dir(path: str | Path, **kwargs: Any) -> VerifyResult:

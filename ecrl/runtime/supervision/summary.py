@@ -4,10 +4,10 @@ This is the runtime's own account, printed by ``ecrl run`` and ``ecrl demo``. Th
 (``ecrl-verify``) computes its metrics independently from the same files and is the authority on
 correctness; this summary checks nothing.
 
-Time is counted per attempt (its launch to its end, relaunch and replay included): a run stopped
-on Friday and continued on Monday did not spend the weekend training, so the idle time between a
-stop and its continuation counts nowhere, and goodput is committed steps over the attempts' own
-time.
+Goodput is :mod:`ecrl.contract.goodput`'s, the same number ``ecrl-verify`` prints: committed steps
+over the wall time from the first attempt's start to the last attempt's end (relaunches and
+replays included); a run stopped on Friday and continued on Monday did not spend the weekend
+training, so the wait after a stop counts nowhere.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from ecrl.contract.errors import RunFormatError
+from ecrl.contract.goodput import AttemptSpan, goodput
 from ecrl.contract.runformat import (
     CheckpointEvent,
     JsonlReader,
@@ -48,9 +49,11 @@ class RunSummary:
     attempt_wall_s: list[float]
     """Wall time of each attempt, from its launch to its end (or to now, if it is running)."""
     wall_s: float
-    """The attempts' own time, summed: idle time between attempts is not counted."""
+    """First start to last end, less the waits after stopped attempts (``ecrl.contract.goodput``);
+    0 when unknown."""
     goodput: float
-    """Committed steps per second of :attr:`wall_s`, relaunches and replays included."""
+    """Committed steps per second of :attr:`wall_s`, relaunches and replays included (0 when
+    unknown)."""
     checkpoints: int
     stall_s_total: float
     stall_s_median: float | None
@@ -80,7 +83,12 @@ def summarize(root: str) -> RunSummary:
     walls = [max(0.0, (a.end_time if a.end_time is not None
                        else now if a is attempts[-1] and state.status == "running"
                        else a.start_time) - a.start_time) for a in attempts]
-    wall = sum(walls)
+    running = state.status == "running"
+    measured = goodput(committed_steps=committed, spans=[
+        AttemptSpan(start=a.start_time,
+                    end=a.end_time if a.end_time is not None
+                    else now if a is attempts[-1] and running else None,
+                    stopped=a.status == "stopped") for a in attempts])
     stalls: list[float] = []
     writes: list[float] = []
     for a in attempts:
@@ -96,8 +104,8 @@ def summarize(root: str) -> RunSummary:
         world_sizes=[a.world_size for a in attempts],
         injected_failures=[int(f["global_step"])
                            for f in state.extra.get("injected_failures", [])],
-        replayed_steps=replayed, attempt_wall_s=walls, wall_s=wall,
-        goodput=committed / wall if wall else 0.0,
+        replayed_steps=replayed, attempt_wall_s=walls, wall_s=measured.wall_s or 0.0,
+        goodput=measured.steps_per_s or 0.0,
         checkpoints=len(stalls), stall_s_total=sum(stalls),
         stall_s_median=statistics.median(stalls) if stalls else None,
         write_s_median=statistics.median(writes) if writes else None,
@@ -116,8 +124,8 @@ def render_summary(s: RunSummary) -> list[str]:
         f"steps:        {s.committed_steps}/{s.target_steps} committed ({s.status})",
         f"attempts:     {s.attempts} (world sizes {sizes}), restarts {s.restarts}, {failures}",
         f"replayed:     {s.replayed_steps} steps re-run after restarts",
-        f"goodput:      {s.goodput:.2f} committed steps/s over {s.wall_s:.1f} s of the attempts' "
-        "own time (launches, restarts and replays included; idle time between a stop and its "
+        f"goodput:      {s.goodput:.2f} committed steps/s over {s.wall_s:.1f} s from the first "
+        "launch to the last end (restarts and replays included; the wait between a stop and its "
         "continuation is not)",
         f"wall time:    {per_attempt} s per attempt",
         f"checkpoints:  {s.checkpoints} durable, training stall {ms(s.stall_s_median)} median "

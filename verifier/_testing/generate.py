@@ -6,8 +6,8 @@ step timeline and writes ``run.json``, ``supervisor.json``, every rank's step lo
 events and ``latest.json`` through :mod:`ecrl.contract.runformat` and
 :class:`~ecrl.contract.runformat.RunPaths`. Shards and hashes come from
 :mod:`ecrl.contract.semantics`, so a generated run is correct by construction: the verifier must
-pass every one (``tests/verifier/test_properties.py``), and the mutation catalogue
-(:mod:`verifier.testing.mutations`) breaks them in known ways.
+pass every one (``tests/verifier/test_verify_properties.py``), and the mutation catalogue
+(:mod:`verifier._mutations`) breaks them in known ways.
 
 What a failure leaves behind, as in the runtime: attempt ``i`` fails after step ``fail_at[i]``
 (after any checkpoint due at that step). Its failing rank logged that step; the other ranks may

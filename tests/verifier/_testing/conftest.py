@@ -1,4 +1,4 @@
-"""Tests of ``verifier.testing`` share the verifier tests' helpers (``verifier_helpers``)."""
+"""Tests of ``verifier._testing`` share the verifier tests' helpers (``verifier_helpers``)."""
 
 from __future__ import annotations
 

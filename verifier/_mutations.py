@@ -10,9 +10,11 @@ verifier *kills* a harmful mutation when it reports one of its kinds; the catalo
 is killed / applied, and a benign mutation that does not get the untouched run's verdict is a
 false alarm.
 
-:func:`self_test` runs the whole catalogue on a run; ``ecrl-verify --report`` states the result,
-``tests/verifier/test_properties.py`` runs it over generated runs, and ``ecrl bench verify``
-reports the kill rate over a sample of generated runs.
+:func:`verifier.selftest.self_test` runs the whole catalogue on a run (``ecrl-verify
+--self-test``), ``tests/verifier/test_verify_properties.py`` draws runs and mutations with
+hypothesis, and ``ecrl bench verify`` reports the kill rate over a sample of generated runs. The
+catalogue is internal: its mutations are written against ECRL's windows and the run generator's
+layout, and may change with them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import functools
 import random
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,7 @@ from verifier.lineage import AttemptPlan, lineage_of
 from verifier.result import Verdict
 from verifier.schema import read_inputs
 
-__all__ = ["Outcome", "Mutation", "CATALOGUE", "RunView", "apply", "Trial", "SelfTest",
-           "self_test", "judge"]
+__all__ = ["Outcome", "Mutation", "CATALOGUE", "RunView", "apply", "judge"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -885,81 +885,8 @@ def apply(mutation: Mutation | str, run: str | Path, into: str | Path, rng: rand
     return m.apply(RunView.load(target), rng)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Trial:
-    """One mutation applied and judged."""
-
-    outcome: Outcome
-    harmful: bool
-    verdict: Verdict
-    kinds: tuple[str, ...]
-    ok: bool
-
-
 def judge(outcome: Outcome, verdict: str, kinds: Sequence[str]) -> bool:
     """Did the verifier answer what the mutation requires?"""
     if outcome.verdict == "FAIL":
         return verdict == "FAIL" and bool(outcome.kinds.intersection(kinds))
     return verdict == outcome.verdict
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SelfTest:
-    trials: tuple[Trial, ...]
-    skipped: tuple[str, ...]
-    """Mutations that did not apply to the run."""
-
-    @property
-    def harmful(self) -> int:
-        return sum(t.harmful for t in self.trials)
-
-    @property
-    def killed(self) -> int:
-        return sum(t.harmful and t.ok for t in self.trials)
-
-    @property
-    def benign(self) -> int:
-        return sum(not t.harmful for t in self.trials)
-
-    @property
-    def false_alarms(self) -> int:
-        return sum(not t.harmful and not t.ok for t in self.trials)
-
-    @property
-    def kill_rate(self) -> float | None:
-        return self.killed / self.harmful if self.harmful else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "harmful": self.harmful, "killed": self.killed, "kill_rate": self.kill_rate,
-            "benign": self.benign, "false_alarms": self.false_alarms,
-            "skipped": list(self.skipped),
-            "trials": [{"mutation": t.outcome.mutation, "where": t.outcome.where,
-                        "harmful": t.harmful, "expected": t.outcome.verdict,
-                        "expected_kinds": sorted(t.outcome.kinds), "verdict": t.verdict,
-                        "kinds": list(t.kinds), "ok": t.ok} for t in self.trials],
-        }
-
-
-def self_test(run: str | Path, *, seed: int = 0, workdir: str | Path | None = None,
-              mutations: Sequence[Mutation] = CATALOGUE) -> SelfTest:
-    """Apply every mutation once to a copy of ``run`` and verify each copy."""
-    from verifier.check import verify_run
-
-    trials: list[Trial] = []
-    skipped: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="ecrl-mutants-", dir=workdir) as tmp:
-        for i, m in enumerate(mutations):
-            rng = random.Random(seed * 1000 + i)
-            target = Path(tmp) / f"{i:02d}-{m.name}"
-            outcome = apply(m, run, target, rng)
-            if outcome is None:
-                skipped.append(m.name)
-                shutil.rmtree(target, ignore_errors=True)
-                continue
-            result = verify_run(target)
-            kinds = tuple(result.anomaly_counts)
-            trials.append(Trial(outcome=outcome, harmful=m.harmful, verdict=result.verdict,
-                                kinds=kinds, ok=judge(outcome, result.verdict, kinds)))
-            shutil.rmtree(target, ignore_errors=True)
-    return SelfTest(trials=tuple(trials), skipped=tuple(skipped))

@@ -9,8 +9,8 @@ from hypothesis import given
 from verifier_helpers import run_specs
 
 from ecrl.contract.runformat import JsonlReader, RunManifest, StepRecord, read_json_record
+from verifier._testing.generate import RunSpec, generate_run, plan_run
 from verifier.errors import VerifierError
-from verifier.testing.generate import RunSpec, generate_run, plan_run
 
 
 def files(root: Path) -> dict[str, bytes]:
