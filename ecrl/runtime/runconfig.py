@@ -23,7 +23,7 @@ from typing import Any
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.contract.strategies import describe
-from ecrl.runtime.checkpoint.registry import built_strategies, strategy_names
+from ecrl.runtime.checkpoint.registry import REGISTRY, built_strategies, strategy_names
 from ecrl.runtime.settings import DEFAULTS, CheckpointSettings, checkpoint_fields, field_docs
 
 __all__ = [
@@ -352,7 +352,8 @@ def run_flags() -> tuple[RunFlag, ...]:
         if f.name == "explicit":
             continue
         doc = docs[f.name]  # a KeyError here is a field added without its docstring
-        doc = doc.replace("{strategies}", describe(strategy_names()))
+        doc = doc.replace("{strategies}", describe(strategy_names())).replace(
+            "{background}", " and ".join(n for n in strategy_names() if REGISTRY[n].background))
         match = _METAVAR.match(doc)
         metavar, text = (match.group(1), doc[match.end():]) if match else (None, doc)
         text = re.sub(r"``(\w+)``", lambda m: "--" + m.group(1).replace("_", "-")

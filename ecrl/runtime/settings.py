@@ -49,13 +49,14 @@ class CheckpointSettings:
     """How the :class:`ecrl.Checkpointer` saves: the checkpoint section of a run."""
 
     # Each field is a flag of `ecrl run` and `ecrl launch`: its docstring is the flag's help, after
-    # an optional "METAVAR: " prefix; {strategies} is filled in from the registry.
+    # an optional "METAVAR: " prefix; {strategies} and {background} are filled in from the
+    # registry (every strategy; those that write in the background).
     strategy: str = "overlapped"
     """NAME: {strategies} (docs/strategies.md)."""
     ckpt_every: int = 50
     """K: checkpoint after every K-th step (0: never)."""
     max_inflight: int = 2
-    """N: overlapped and sharded-async: checkpoints that may be pending in the background."""
+    """N: {background}: checkpoints that may be pending in the background."""
     keep_checkpoints: int = 2
     """K: retention: the newest K >= 2 checkpoints are kept."""
     deadline_k_step: float = 10.0

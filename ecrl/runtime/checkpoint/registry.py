@@ -40,13 +40,16 @@ class StrategyEntry:
     """It checkpoints every K steps and at no other time."""
     sharded: bool = False
     """Every rank writes its part (a checkpoint directory); otherwise rank 0 writes one file."""
+    background: bool = False
+    """Its writes continue in the background, up to ``--max-inflight`` at a time."""
 
 
 REGISTRY: dict[str, StrategyEntry] = {}
 
 
 def register_strategy(name: str, target: str | None, *, summary: str | None = None,
-                      periodic: bool = False, sharded: bool = False) -> StrategyEntry:
+                      periodic: bool = False, sharded: bool = False,
+                      background: bool = False) -> StrategyEntry:
     """Add (or replace) a strategy; returns its entry. ``summary`` defaults to the contract's
     line for a name it knows (a new name needs one)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
@@ -55,7 +58,7 @@ def register_strategy(name: str, target: str | None, *, summary: str | None = No
     if summary is None:
         raise ConfigError(f"strategy {name!r}: give its summary (one line for help texts)")
     entry = StrategyEntry(name=name, target=target, summary=summary, periodic=periodic,
-                          sharded=sharded)
+                          sharded=sharded, background=background)
     REGISTRY[name] = entry
     return entry
 
@@ -65,11 +68,11 @@ _BINDINGS: dict[str, dict[str, Any]] = {
     "blocking": {"target": "ecrl.runtime.checkpoint.strategies:BlockingCheckpoints",
                  "periodic": True},
     "overlapped": {"target": "ecrl.runtime.checkpoint.strategies:OverlappedCheckpoints",
-                   "periodic": True},
+                   "periodic": True, "background": True},
     "sharded": {"target": "ecrl.runtime.checkpoint.sharded:ShardedCheckpoints",
                 "periodic": True, "sharded": True},
     "sharded-async": {"target": "ecrl.runtime.checkpoint.sharded:AsyncShardedCheckpoints",
-                      "periodic": True, "sharded": True},
+                      "periodic": True, "sharded": True, "background": True},
     "jit": {"target": "ecrl.runtime.checkpoint.jit:JitCheckpoints"},
 }
 for _name in SUMMARIES:  # the contract's order; a name without an implementation is not built
