@@ -6,7 +6,7 @@ and ``ecrl.apps`` (command line, demo, benchmarks: the only layer importing veri
 
 The library API for a user's own training loop (``docs/library.md``) loads torch when one of its
 names is first used: :class:`GlobalBatchSampler`, :class:`WithSampleIds`, :class:`StepLog`,
-:class:`Checkpointer`.
+:class:`Checkpointer` (and :class:`CheckpointSettings`, its typed settings, torch-free).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
     from ecrl.runtime.sampling.sample_ids import WithSampleIds
     from ecrl.runtime.sampling.steplog import StepLog
+    from ecrl.runtime.settings import CheckpointSettings
 
-__all__ = ["Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler", "RunFormatError",
-           "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
+__all__ = ["CheckpointSettings", "Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler",
+           "RunFormatError", "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -31,6 +32,7 @@ _LAZY = {
     "WithSampleIds": "ecrl.runtime.sampling.sample_ids",
     "StepLog": "ecrl.runtime.sampling.steplog",
     "Checkpointer": "ecrl.runtime.checkpoint.checkpointer",
+    "CheckpointSettings": "ecrl.runtime.settings",
 }
 
 
