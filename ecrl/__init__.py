@@ -6,7 +6,7 @@ and ``ecrl.apps`` (command line, demo, benchmarks: the only layer importing veri
 
 The library API for a user's own training loop (``docs/library.md``) loads torch when one of its
 names is first used: :class:`GlobalBatchSampler`, :class:`WithSampleIds`, :class:`StepLog`,
-:class:`Checkpointer` (and :class:`CheckpointSettings`, its typed settings, torch-free).
+:class:`Checkpointer`.
 """
 
 from __future__ import annotations
