@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
     from ecrl.runtime.sampling.sample_ids import WithSampleIds
     from ecrl.runtime.sampling.steplog import StepLog
+    from ecrl.runtime.settings import CheckpointSettings
 
-__all__ = ["Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler", "RunFormatError",
-           "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
+__all__ = ["CheckpointSettings", "Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler",
+           "RunFormatError", "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -33,6 +34,7 @@ _LAZY = {
     "WithSampleIds": "ecrl.runtime.sampling.sample_ids",
     "StepLog": "ecrl.runtime.sampling.steplog",
     "Checkpointer": "ecrl.runtime.checkpoint.checkpointer",
+    "CheckpointSettings": "ecrl.runtime.settings",
 }
 
 

@@ -73,6 +73,31 @@ def test_run_flags_are_pinned_and_generated_from_the_config_fields() -> None:
         assert " ".join(f.help.replace("%%", "%").split()) in text
 
 
+LAUNCH_FLAGS = [
+    "--out", "--nproc", "--world-sizes", "--ckpt-every", "--strategy", "--max-inflight",
+    "--fail-at", "--fail-rank", "--max-restarts", "--keep-checkpoints", "--deadline",
+    "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s", "--threads", "--nnodes",
+    "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+    "--warm-standby",
+]
+
+
+def test_launch_flags_are_pinned_and_generated_from_the_run_flags() -> None:
+    import re
+
+    from ecrl.runtime.runconfig import launch_flags
+
+    out = run_cli("ecrl", "launch", "--help")
+    assert out.returncode == 0
+    shown = re.findall(r"^  (--[a-z-]+)", out.stdout, re.M)
+    assert shown == LAUNCH_FLAGS  # a change here is deliberate: update this list and the docs
+    generated = [f.flag for f in launch_flags()]
+    assert generated == [f for f in LAUNCH_FLAGS if f not in ("--out", "--nproc", "--node-rank")]
+    text = " ".join(out.stdout.split())
+    for f in launch_flags():
+        assert " ".join(f.help.replace("%%", "%").split()) in text
+
+
 def test_selfcheck_passes_and_shows_worked_example() -> None:
     out = run_cli("ecrl", "selfcheck")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -18,7 +18,7 @@ from ecrl.contract.extras import missing, require
 from ecrl.runtime.runconfig import BUILT_STRATEGIES
 
 if TYPE_CHECKING:
-    from ecrl.runtime.runconfig import RunConfig
+    from ecrl.runtime.runconfig import RunConfig, RunFlag
 
 NOT_BUILT_EXIT = 2
 
@@ -27,6 +27,18 @@ def _not_built(name: str, instead: str) -> int:
     """One line: this feature is not in this version, and what works instead."""
     print(f"ecrl {name}: not available in this version; {instead}", file=sys.stderr)
     return NOT_BUILT_EXIT
+
+
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "ints": str}
+
+
+def _add_flags(p: argparse.ArgumentParser, flags: Sequence[RunFlag]) -> None:
+    for f in flags:
+        if f.kind == "bool":
+            p.add_argument(f.flag, dest=f.name, action="store_true", default=None, help=f.help)
+        else:
+            p.add_argument(f.flag, dest=f.name, type=_TYPES[f.kind], metavar=f.metavar,
+                           help=f.help)
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -38,13 +50,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="TOML", help="read any of these flags from a TOML file")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="processes per node, the same for every attempt")
-    types: dict[str, type] = {"int": int, "float": float, "str": str, "ints": str}
-    for f in run_flags():
-        if f.kind == "bool":
-            p.add_argument(f.flag, dest=f.name, action="store_true", default=None, help=f.help)
-        else:
-            p.add_argument(f.flag, dest=f.name, type=types[f.kind], metavar=f.metavar,
-                           help=f.help)
+    _add_flags(p, run_flags())
 
 
 def _run_config(args: argparse.Namespace) -> RunConfig:
@@ -74,48 +80,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_launch_flags(p: argparse.ArgumentParser) -> None:
-    # The supervisor's settings only: data, model, batch and steps are the script's own.
+    # The supervisor's settings and the checkpoint section only: data, model, batch and steps are
+    # the script's. Generated from the same table as `ecrl run`'s (runconfig.launch_flags); no
+    # defaults here either: a checkpoint flag not given leaves the script's own choice alone.
+    from ecrl.runtime.runconfig import launch_flags
+
     p.add_argument("--out", metavar="DIR", help="run directory (created; continued if it exists)")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="processes per node, the same for every attempt")
-    p.add_argument("--world-sizes", metavar="W0,W1,…",
-                   help="world size of attempt 0, 1, …; the last one repeats (default 1)")
-    p.add_argument("--ckpt-every", type=int, metavar="K",
-                   help="checkpoint after every K-th step (default 50; 0: never)")
-    p.add_argument("--strategy", metavar="NAME", help="none, blocking or overlapped (default)")
-    p.add_argument("--max-inflight", type=int, metavar="N",
-                   help="overlapped: pending background writes before back-pressure (default 2)")
-    p.add_argument("--fail-at", metavar="STEPS",
-                   help="inject a failure after these global steps, e.g. 400,1200")
-    p.add_argument("--fail-rank", type=int, metavar="R", help="rank that fails (default 0)")
-    p.add_argument("--max-restarts", type=int, metavar="N",
-                   help="relaunches allowed after failures (default: failures injected + 3)")
-    p.add_argument("--keep-checkpoints", type=int, metavar="K",
-                   help="retention: keep the newest K >= 2 checkpoints (default 2)")
-    p.add_argument("--deadline", metavar="TIME",
-                   help="final checkpoint and stop before TIME (90s, 15m, 18:00, @UNIX; default "
-                        "SLURM_JOB_END_TIME); the script reads it as AttemptEnv.deadline")
-    p.add_argument("--deadline-k-step", type=float, metavar="K",
-                   help="deadline buffer: multiple of the longest step (default 10)")
-    p.add_argument("--deadline-k-ckpt", type=float, metavar="K",
-                   help="deadline buffer: multiple of the longest checkpoint (default 2)")
-    p.add_argument("--hang-timeout-s", type=float, metavar="S",
-                   help="a step not done in S seconds is a hang (default: 10 x p99 step time, at "
-                        "least 30 s; 0: off)")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="OMP_NUM_THREADS per rank (default: cores / ranks per node)")
-    p.add_argument("--nnodes", type=int, metavar="N",
-                   help="torchrun --nnodes; one ecrl launch per node (docs/library.md)")
+    flags = launch_flags()
+    nodes = next(i for i, f in enumerate(flags) if f.name == "nnodes") + 1
+    _add_flags(p, flags[:nodes])
     p.add_argument("--node-rank", type=int, metavar="K", default=0,
                    help="this node's number; node 0 keeps supervisor.json (default 0)")
-    p.add_argument("--rdzv-backend", metavar="NAME", help="torchrun --rdzv-backend")
-    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="torchrun --rdzv-endpoint")
-    p.add_argument("--rdzv-id", metavar="ID", help="torchrun --rdzv-id (same on every node)")
-    p.add_argument("--rdzv-conf", metavar="K=V,…", help="torchrun --rdzv-conf")
-    from ecrl.runtime.runconfig import run_flags
-
-    standby = next(f for f in run_flags() if f.name == "warm_standby")
-    p.add_argument(standby.flag, action="store_true", default=None, help=standby.help)
+    _add_flags(p, flags[nodes:])
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
                    help="the training script and its arguments (omit to continue a run)")
 
@@ -124,12 +102,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     require("torch")  # torchrun runs in this interpreter
     import time
 
-    from ecrl.runtime.supervision.launcher import (
-        LAUNCH_KEYS,
-        launch_config,
-        normalize_program,
-        run_launch,
-    )
+    from ecrl.runtime.runconfig import LAUNCH_KEYS
+    from ecrl.runtime.supervision.launcher import launch_config, normalize_program, run_launch
 
     flags = {key: getattr(args, key) for key in LAUNCH_KEYS}
     flags["out"] = args.out

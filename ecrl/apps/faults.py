@@ -43,10 +43,12 @@ from typing import Any
 from ecrl.contract.runformat import LatestPointer, RunPaths, write_json_record
 from ecrl.contract.semantics import Geometry
 from ecrl.contract.shardfile import MANIFEST
+from ecrl.runtime.checkpoint.registry import periodic_strategies, strategy_entry
 
 __all__ = ["FaultCase", "CaseResult", "cases", "run_campaign", "render_markdown", "main"]
 
-STRATEGIES = ("blocking", "overlapped", "sharded", "sharded-async")
+STRATEGIES = periodic_strategies()
+"""Every periodic strategy (the registry's): each meets every fault case."""
 STEPS, EVERY = 12, 3
 """Checkpoints after steps 2, 5 and 8."""
 BASE = ["--dataset-size", "256", "--global-batch", "8", "--steps", str(STEPS), "--ckpt-every",
@@ -100,7 +102,7 @@ class CaseResult:
 
 def _crash_cases(strategy: str) -> list[FaultCase]:
     out = []
-    if strategy in ("blocking", "overlapped"):
+    if not strategy_entry(strategy).sharded:
         where = "writer process" if strategy == "overlapped" else "rank 0"
         for target, points in (("checkpoint", _FILE_CRASH_POINTS),
                                ("latest", _LATEST_CRASH_POINTS)):
@@ -124,7 +126,7 @@ def _crash_cases(strategy: str) -> list[FaultCase]:
 
 
 def _files_of(strategy: str) -> tuple[str, ...]:
-    if strategy in ("blocking", "overlapped"):
+    if not strategy_entry(strategy).sharded:
         return ("",)  # the .ckpt file itself
     return ("__0_0.distcp", "__1_0.distcp", ".metadata", MANIFEST)
 
@@ -166,7 +168,7 @@ def cases(*, quick: bool) -> list[FaultCase]:
                                  strategy=strategy, kind="latest", damage=how, expect=which))
         out.append(FaultCase(name="ENOSPC at the checkpoint write", strategy=strategy,
                              kind="enospc", env=(("ECRL_CRASH_AT", (
-                                 "checkpoint" if strategy in ("blocking", "overlapped")
+                                 "checkpoint" if not strategy_entry(strategy).sharded
                                  else "sharded") + ":enospc:2:0"),)))
         out.append(FaultCase(name="hung rank 1 (SIGSTOP)", strategy=strategy, kind="hang",
                              rank=1))

@@ -8,16 +8,22 @@ A script started without the supervisor (plain ``python`` or ``torchrun``) finds
 
 One variable per field, named ``ECRL_<FIELD>`` (``ECRL_RUN_DIR``, ``ECRL_ATTEMPT``, …); integer
 lists are comma-separated, absent optional values are absent variables.
+
+The checkpoint settings travel under their own names (``ECRL_CKPT_EVERY``, ``ECRL_STRATEGY``, …:
+the fields of :class:`ecrl.runtime.settings.CheckpointSettings`), and only those the user gave the
+supervisor: an absent variable means "not given", so the script's own Checkpointer argument, or
+else the default, applies (:func:`ecrl.runtime.settings.resolve_checkpoint`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
+from ecrl.runtime.settings import CheckpointSettings, checkpoint_fields
 from ecrl.runtime.supervision.standby import GO_VARIABLE, await_go
 
 __all__ = ["PREFIX", "AttemptEnv"]
@@ -43,30 +49,20 @@ class AttemptEnv:
     """Global steps after which a failure is still to be injected in this attempt."""
     fail_rank: int = 0
     """The rank that exits at an injected failure."""
-    strategy: str = "blocking"
-    """Checkpoint strategy of the run."""
-    ckpt_every: int = 0
-    """Checkpoint after every K-th step (0: never)."""
-    keep_checkpoints: int = 2
-    """Retention: the newest K checkpoints are kept."""
-    max_inflight: int = 2
-    """Overlapped strategy: pending background writes before back-pressure."""
+    checkpoint: Mapping[str, Any] = field(default_factory=dict)
+    """The checkpoint settings the user gave the supervisor (a flag or its config file), by
+    field name; the others are absent (the script's own, or the default)."""
     world_sizes: tuple[int, ...] = ()
     """The run's world-size schedule (for run.json; each attempt's own comes from torchrun)."""
     deadline: float | None = None
     """Unix time by which a final checkpoint must be committed (None: no deadline)."""
-    deadline_k1: float = 10.0
-    """Deadline buffer rule: multiplier of the longest step time
-    (:mod:`ecrl.runtime.checkpoint.deadline`)."""
-    deadline_k2: float = 2.0
-    """Deadline buffer rule: multiplier of the longest checkpoint time."""
-    hang_timeout: float | None = None
-    """Seconds without a completed step before a rank calls the job hung (None: derived from the
-    step times; 0: no watchdog; :mod:`ecrl.runtime.checkpoint.watchdog`)."""
 
     def __post_init__(self) -> None:
         if (self.resume_step is None) != (self.resume_path is None):
             raise ConfigError("ECRL_RESUME_STEP and ECRL_RESUME_PATH come together")
+        unknown = sorted(set(self.checkpoint) - set(checkpoint_fields()))
+        if unknown:
+            raise ConfigError(f"no checkpoint setting {unknown[0]!r}")
 
     @property
     def resuming(self) -> bool:
@@ -75,9 +71,12 @@ class AttemptEnv:
     def to_environ(self) -> dict[str, str]:
         """The variables to add to a rank's environment."""
         out: dict[str, str] = {}
+        for name, value in self.checkpoint.items():
+            if value is not None:
+                out[PREFIX + name.upper()] = str(value)
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name == "checkpoint":
                 continue
             if isinstance(value, tuple):
                 value = ",".join(map(str, value))
@@ -93,22 +92,26 @@ class AttemptEnv:
             await_go(os.environ[GO_VARIABLE])
         if PREFIX + "RUN_DIR" not in env:
             return None
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(PREFIX + f.name.upper())
-            if raw is None:
-                continue
-            kind = str(f.type)
-            try:
-                if "tuple" in kind:
-                    values[f.name] = tuple(int(v) for v in raw.split(",") if v.strip())
-                elif "float" in kind:
-                    values[f.name] = float(raw)
-                elif "int" in kind:
-                    values[f.name] = int(raw)
-                else:
-                    values[f.name] = raw
-            except ValueError:
-                raise ConfigError(f"{PREFIX}{f.name.upper()}={raw!r} is malformed: this process "
-                                  "was started by an incompatible supervisor") from None
-        return cls(**values)
+        values: dict[str, Any] = {f.name: value for f in fields(cls) if f.name != "checkpoint"
+                                  if (value := _parse(env, f.name, str(f.type))) is not None}
+        given = {f.name: value for f in fields(CheckpointSettings)
+                 if (value := _parse(env, f.name, str(f.type))) is not None}
+        return cls(**values, checkpoint=given)
+
+
+def _parse(env: Mapping[str, str], name: str, kind: str) -> Any:
+    """The value of ``ECRL_<NAME>`` as a field of type ``kind``; None when absent."""
+    raw = env.get(PREFIX + name.upper())
+    if raw is None:
+        return None
+    try:
+        if "tuple" in kind:
+            return tuple(int(v) for v in raw.split(",") if v.strip())
+        if "float" in kind:
+            return float(raw)
+        if "int" in kind:
+            return int(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{PREFIX}{name.upper()}={raw!r} is malformed: this process was "
+                          "started by an incompatible supervisor") from None

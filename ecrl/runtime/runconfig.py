@@ -1,6 +1,8 @@
 """What ``ecrl run`` is asked to do: flags, TOML config, defaults, validation (torch-free).
 
 Precedence: built-in defaults < ``--config FILE.toml`` < flags given on the command line. The
+checkpoint settings are :class:`~ecrl.runtime.settings.CheckpointSettings`' fields: their docs,
+defaults and checks live there, and ``ecrl launch`` shares their flags (:func:`launch_flags`). The
 TOML file may hold the keys at top level or in a ``[run]`` table, spelled like the flags with
 ``-`` or ``_`` (``global-batch = 64``, ``world_sizes = [2, 1]``). Every problem is a
 :class:`~ecrl.contract.errors.ConfigError` whose message names the flag or key and what to do.
@@ -8,7 +10,6 @@ TOML file may hold the keys at top level or in a ``[run]`` table, spelled like t
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import re
@@ -21,11 +22,15 @@ from typing import Any
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
-from ecrl.runtime.checkpoint.registry import built_strategies, strategy_names
+from ecrl.contract.strategies import describe
+from ecrl.runtime.checkpoint.registry import REGISTRY, built_strategies, strategy_names
+from ecrl.runtime.settings import DEFAULTS, CheckpointSettings, checkpoint_fields, field_docs
 
 __all__ = [
     "RunFlag",
     "run_flags",
+    "LAUNCH_KEYS",
+    "launch_flags",
     "STRATEGIES",
     "BUILT_STRATEGIES",
     "MODELS",
@@ -107,12 +112,10 @@ class RunConfig:
     """T: committed steps to reach (default 200 unless ``epochs`` is given)."""
     epochs: int | None = None
     """E: alternative to ``steps``: this many epochs of S = D // B steps."""
-    ckpt_every: int = 50
-    """K: checkpoint after every K-th step (0: never)."""
-    strategy: str = "overlapped"
-    """NAME: none, blocking, overlapped, sharded or sharded-async (docs/strategies.md)."""
-    max_inflight: int = 2
-    """N: overlapped and sharded-async: checkpoints that may be pending in the background."""
+    # The checkpoint settings: docs, defaults and checks in CheckpointSettings (settings.py).
+    ckpt_every: int = DEFAULTS.ckpt_every
+    strategy: str = DEFAULTS.strategy
+    max_inflight: int = DEFAULTS.max_inflight
     fail_at: tuple[int, ...] = ()
     """STEPS: global steps after which a failure is injected, each once over the whole run."""
     fail_rank: int = 0
@@ -126,15 +129,10 @@ class RunConfig:
     deadline: str | None = None
     """TIME: commit a final checkpoint and stop before this time: a duration (90s, 15m, 1h30m), a
     time (18:00, 2026-11-23T18:00:00Z) or @UNIX seconds (default: SLURM_JOB_END_TIME when set)."""
-    deadline_k_step: float = 10.0
-    """K: deadline buffer: multiple of the longest step time kept in reserve."""
-    deadline_k_ckpt: float = 2.0
-    """K: deadline buffer: multiple of the longest checkpoint time kept in reserve."""
-    hang_timeout_s: float | None = None
-    """S: a rank whose step does not complete in S seconds is hung (default: 10 x the p99 step
-    time, at least 30 s; 0: no watchdog)."""
-    keep_checkpoints: int = 2
-    """K: retention: the newest K >= 2 checkpoints are kept."""
+    deadline_k_step: float = DEFAULTS.deadline_k_step
+    deadline_k_ckpt: float = DEFAULTS.deadline_k_ckpt
+    hang_timeout_s: float | None = DEFAULTS.hang_timeout_s
+    keep_checkpoints: int = DEFAULTS.keep_checkpoints
     lr: float = 0.05
     """Peak learning rate of SGD (momentum 0.9) under cosine decay over the run."""
     image_size: int = 32
@@ -177,9 +175,7 @@ class RunConfig:
                 raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
         if not self.out:
             raise bad("out", "must name a directory")
-        if self.strategy not in strategy_names():
-            raise bad("strategy", f"{self.strategy!r} is unknown: choose one of "
-                                  f"{', '.join(strategy_names())}")
+        self.checkpoint  # noqa: B018 - validates the checkpoint settings
         if self.model not in MODELS:
             raise bad("model", f"{self.model!r} is unknown: choose one of {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
@@ -191,8 +187,7 @@ class RunConfig:
         elif self.dataset_size is not None:
             raise bad("dataset-size", f"is only for the fake dataset ({self.dataset} has its "
                                       "own size)")
-        for name, low in (("global_batch", 1), ("max_inflight", 1), ("keep_checkpoints", 2),
-                          ("image_size", 4), ("nnodes", 1), ("ckpt_every", 0),
+        for name, low in (("global_batch", 1), ("image_size", 4), ("nnodes", 1),
                           ("fail_rank", 0), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -225,10 +220,6 @@ class RunConfig:
             raise bad("lr", f"must be positive, got {self.lr!r}")
         if not self.collective_timeout_s > 0:
             raise bad("collective-timeout-s", "must be positive")
-        for name in ("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise bad(name.replace("_", "-"), f"must be a number >= 0, got {value!r}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
                               "every node)")
@@ -236,9 +227,21 @@ class RunConfig:
     # --- derived values -----------------------------------------------------------------------
 
     @property
+    def checkpoint(self) -> CheckpointSettings:
+        """The checkpoint section of this run (validated)."""
+        return CheckpointSettings(**{name: getattr(self, name) for name in checkpoint_fields()})
+
+    @property
+    def checkpoint_given(self) -> dict[str, Any]:
+        """The checkpoint settings the user gave (a flag or the config file): what the
+        supervisor passes to the ranks, so that the others leave the script's own choice alone."""
+        return {name: getattr(self, name) for name in checkpoint_fields()
+                if name in self.explicit}
+
+    @property
     def effective_ckpt_every(self) -> int:
         """0 when the strategy takes no checkpoints."""
-        return 0 if self.strategy == "none" else self.ckpt_every
+        return self.checkpoint.effective_ckpt_every
 
     @property
     def effective_max_restarts(self) -> int:
@@ -338,31 +341,19 @@ class RunFlag:
 _METAVAR = re.compile(r"^([A-Z][A-Z0-9]*(?:[,:=][A-Z0-9]+)*(?:,…)?): ")
 
 
-def _field_docs() -> dict[str, str]:
-    """``{field: docstring}`` of RunConfig, read from this module's source (attribute
-    docstrings are not kept at run time)."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunConfig")
-    docs: dict[str, str] = {}
-    for node, after in zip(cls.body, cls.body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                and isinstance(after.value.value, str):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
 @functools.cache
 def run_flags() -> tuple[RunFlag, ...]:
     """The flags of ``ecrl run``, one per RunConfig field, in field order: the single source of
     their names, types and help."""
-    docs = _field_docs()
+    docs = {**field_docs(CheckpointSettings), **field_docs(RunConfig)}
     names = {f.name for f in fields(RunConfig)}
     flags = []
     for f in fields(RunConfig):
         if f.name == "explicit":
             continue
         doc = docs[f.name]  # a KeyError here is a field added without its docstring
+        doc = doc.replace("{strategies}", describe(strategy_names())).replace(
+            "{background}", " and ".join(n for n in strategy_names() if REGISTRY[n].background))
         match = _METAVAR.match(doc)
         metavar, text = (match.group(1), doc[match.end():]) if match else (None, doc)
         text = re.sub(r"``(\w+)``", lambda m: "--" + m.group(1).replace("_", "-")
@@ -380,6 +371,40 @@ def run_flags() -> tuple[RunFlag, ...]:
         flags.append(RunFlag(name=f.name, flag="--" + f.name.replace("_", "-"), kind=kind,
                              metavar=metavar, help=text.replace("%", "%%")))
     return tuple(flags)
+
+
+LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
+               "max_restarts", "keep_checkpoints", "deadline", "deadline_k_step",
+               "deadline_k_ckpt", "hang_timeout_s", "threads", "nnodes", "rdzv_backend",
+               "rdzv_endpoint", "rdzv_id", "rdzv_conf", "warm_standby")
+"""The settings of ``ecrl launch``: the supervisor's and the checkpoint section (a subset of
+``ecrl run``'s; data, model, batch and steps are the script's)."""
+_LAUNCH_HELP = {
+    "threads": "OMP_NUM_THREADS per rank (default: cores / ranks per node)",
+    "nnodes": "torchrun --nnodes; one ecrl launch per node (docs/library.md)",
+    "rdzv_id": "torchrun --rdzv-id (same on every node)",
+    "max_restarts": "relaunches allowed after failures (default: injected failures + 3)",
+}
+"""Where a launch flag's help says more than its ``ecrl run`` twin (the script has no
+``--threads`` of its own; several nodes need one launch each)."""
+
+
+@functools.cache
+def launch_flags() -> tuple[RunFlag, ...]:
+    """The settings flags of ``ecrl launch``: ``ecrl run``'s (:func:`run_flags`) for
+    :data:`LAUNCH_KEYS`, in their order there, with the same names, types and help."""
+    flags = {f.name: f for f in run_flags()}
+    out = []
+    for name in LAUNCH_KEYS:
+        flag = flags[name]
+        if name in _LAUNCH_HELP:
+            flag = replace(flag, help=_LAUNCH_HELP[name])
+        elif name in checkpoint_fields():
+            # Not given, a checkpoint setting is the script's own (docs/library.md, precedence).
+            flag = replace(flag, help=re.sub(r"\(default:? ", "(default: the script's "
+                                             "Checkpointer argument, else ", flag.help))
+        out.append(flag)
+    return tuple(out)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -29,7 +29,8 @@ def _submit(client: WriterClient, step: int) -> int:
 
 def _start(root: Path, *, max_inflight: int) -> WriterClient:
     (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-    return WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=max_inflight)
+    return WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=max_inflight,
+                              strategy="overlapped")
 
 
 def test_jobs_are_written_in_order_and_recorded(tmp_path: Path) -> None:
@@ -78,7 +79,8 @@ def test_a_writer_killed_mid_commit_publishes_nothing(tmp_path: Path,
 
 def test_write_errors_are_reported_not_swallowed(tmp_path: Path) -> None:
     (tmp_path / "checkpoints").write_text("a file where the directory should be")
-    client = WriterClient.start(run_dir=str(tmp_path), attempt=0, keep=2, max_inflight=1)
+    client = WriterClient.start(run_dir=str(tmp_path), attempt=0, keep=2, max_inflight=1,
+                                strategy="overlapped")
     _submit(client, 3)
     with pytest.raises(CheckpointError, match="writing the checkpoint of step 3 failed"):
         client.flush()
@@ -87,7 +89,8 @@ def test_write_errors_are_reported_not_swallowed(tmp_path: Path) -> None:
 _PARENT = """
 import os, sys
 from ecrl.runtime.checkpoint.bgwriter import WriterClient
-client = WriterClient.start(run_dir={root!r}, attempt=0, keep=2, max_inflight=1)
+client = WriterClient.start(run_dir={root!r}, attempt=0, keep=2, max_inflight=1,
+                            strategy="overlapped")
 print(client.process.pid, flush=True)
 os._exit(137)
 """
@@ -146,7 +149,8 @@ from ckpt_images import make_image
 from ecrl.runtime.checkpoint.bgwriter import WriterClient
 from pathlib import Path
 root = Path({root!r}); (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-client = WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=1)
+client = WriterClient.start(run_dir=str(root), attempt=0, keep=2, max_inflight=1,
+                            strategy="overlapped")
 client.prepare(2000)
 image, size = make_image(9)
 slot, waited = client.acquire(size)

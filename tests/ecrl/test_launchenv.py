@@ -11,9 +11,12 @@ from ecrl.runtime.launchenv import AttemptEnv
 def test_round_trip_through_the_environment() -> None:
     env = AttemptEnv(run_dir="/r", attempt=3, resume_step=49, resume_path="step-00000049.ckpt",
                      resume_checksum="sha256:ab", fail_at=(60, 90), fail_rank=1,
-                     strategy="overlapped", ckpt_every=10, world_sizes=(2, 1), deadline=1.5)
+                     checkpoint={"strategy": "overlapped", "ckpt_every": 10},
+                     world_sizes=(2, 1), deadline=1.5)
     variables = env.to_environ()
     assert variables["ECRL_FAIL_AT"] == "60,90" and "ECRL_RESUME_STEP" in variables
+    # The checkpoint settings travel under their own names, and only those given.
+    assert variables["ECRL_CKPT_EVERY"] == "10" and "ECRL_KEEP_CHECKPOINTS" not in variables
     assert AttemptEnv.from_environ(variables) == env
 
 

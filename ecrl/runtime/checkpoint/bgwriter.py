@@ -115,13 +115,14 @@ class WriterClient:
     next_job: int = 0
 
     @classmethod
-    def start(cls, *, run_dir: str, attempt: int, keep: int, max_inflight: int,
+    def start(cls, *, run_dir: str, attempt: int, keep: int, max_inflight: int, strategy: str,
               nice: int = 19) -> WriterClient:
+        """``strategy``: the registry's name of the strategy it writes for, as its events say."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "ecrl.runtime.checkpoint.bgwriter", "--fd",
         str(theirs.fileno()),
                "--run-dir", run_dir, "--attempt", str(attempt), "--keep", str(keep),
-               "--parent", str(os.getpid()), "--nice", str(nice)]
+               "--strategy", strategy, "--parent", str(os.getpid()), "--nice", str(nice)]
         process = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         conn = Connection(ours.detach())
@@ -284,7 +285,8 @@ class _TrainerGone(Exception):
     """End of file from the trainer: it exited or was killed."""
 
 
-def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> None:
+def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int,
+           strategy: str) -> None:
     crash = CrashHook.from_env(attempt=attempt)
     buffers: dict[int, mmap.mmap] = {}
     timings: dict[int, dict[str, Any]] = {}
@@ -321,7 +323,7 @@ def _serve(conn: Connection, paths: RunPaths, *, attempt: int, keep: int) -> Non
                 receive()
             timing = timings.pop(job)
             events.write(CheckpointEvent(
-                global_step=msg["global_step"], strategy="overlapped",
+                global_step=msg["global_step"], strategy=strategy,
                 snapshot_s=msg["snapshot_s"], write_s=written.write_s,
                 enqueue_s=timing["enqueue_s"], backpressure_s=msg["backpressure_s"],
                 stall_s=timing["stall_s"], bytes=written.bytes, path=written.path,
@@ -371,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--keep", type=int, required=True)
+    parser.add_argument("--strategy", required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--nice", type=int, default=19)
     args = parser.parse_args(argv)
@@ -383,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # keeps almost all of it; on an idle core the writer runs at full speed.
         os.nice(args.nice)
     conn = Connection(args.fd)
-    _serve(conn, RunPaths.of(args.run_dir), attempt=args.attempt, keep=args.keep)
+    _serve(conn, RunPaths.of(args.run_dir), attempt=args.attempt, keep=args.keep,
+           strategy=args.strategy)
     return 0
 
 

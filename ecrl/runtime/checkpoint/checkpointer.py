@@ -16,9 +16,12 @@ checkpoint when one is due (:mod:`ecrl.runtime.checkpoint.strategies`, chosen by
 :mod:`ecrl.runtime.checkpoint.registry`), then the injected failure when one is due
 (:mod:`ecrl.runtime.failure`).
 
-Settings (strategy, interval, retention, failures, deadline, hang bound) come from the
-supervisor's environment under ``ecrl launch``/``ecrl run`` and from the constructor's arguments
-otherwise.
+The checkpoint settings (:class:`ecrl.runtime.settings.CheckpointSettings`: strategy, interval,
+in-flight writes, retention, deadline buffer, hang bound) resolve one way, launched or not: a flag
+the user gave ``ecrl launch``/``ecrl run`` (the supervisor passes only those) > the constructor's
+argument > the default. Rank 0 records the result, with each value's source, in the attempt's
+``checkpoint-settings.json`` for the supervisor's summary. Failures and the deadline come from the
+supervisor's environment when it started the script, else from the constructor.
 
 Three guards ride on the same boundary. The ``jit`` strategy (:mod:`ecrl.runtime.checkpoint.jit`)
 saves from a healthy rank when a peer dies: use the checkpointer as a context manager around the
@@ -79,6 +82,13 @@ from ecrl.runtime.checkpoint.watchdog import HUNG_EXIT_CODE, HUNG_MARKER, Watchd
 from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.steplog import StepLog
+from ecrl.runtime.settings import (
+    SETTINGS_FILE,
+    CheckpointSettings,
+    ResolvedCheckpoint,
+    resolve_checkpoint,
+    script_values,
+)
 
 __all__ = ["Checkpointer", "seed_all", "rank_seed"]
 
@@ -120,26 +130,26 @@ def _read_back(obj: Any, loaded: Any) -> Any:
     return _unwrap(obj).state_dict()
 
 
-def _pick(env_value: Any, arg: Any, default: Any) -> Any:
-    if env_value is not None:
-        return env_value
-    return default if arg is None else arg
-
-
 class Checkpointer:
     """Checkpoints and restores ``state`` (name → Stateful object) for one attempt.
 
     ``log``: the run's :class:`ecrl.StepLog` (run directory, attempt, data set and seed to check
-    checkpoints against); without one, pass ``run_dir``. ``strategy`` (none, blocking,
-    overlapped, sharded, sharded-async, jit: :mod:`ecrl.runtime.checkpoint.registry`), ``every``
-    (checkpoint after every K-th step; 0: never), ``keep``,
-    ``max_inflight``, ``fail_at``, ``fail_rank``, ``deadline`` (Unix time, or a string
-    :func:`ecrl.runtime.checkpoint.deadline.parse_deadline` reads; default ``SLURM_JOB_END_TIME``),
-    ``hang_timeout`` (seconds; None: derived; 0: off): used when no supervisor set them.
+    checkpoints against); without one, pass ``run_dir``.
+
+    ``checkpoint``: the script's checkpoint settings
+    (:class:`ecrl.runtime.settings.CheckpointSettings`); ``strategy``, ``every``
+    (``ckpt_every``), ``keep`` (``keep_checkpoints``), ``max_inflight`` and ``hang_timeout``
+    (``hang_timeout_s``) are shorthands for its fields. A flag given to ``ecrl launch`` wins over
+    them; a setting neither gives has its one default.
+
+    ``fail_at``, ``fail_rank``, ``deadline`` (Unix time, or a string
+    :func:`ecrl.runtime.checkpoint.deadline.parse_deadline` reads; default ``SLURM_JOB_END_TIME``):
+    used when no supervisor started the script.
     """
 
     def __init__(self, state: Mapping[str, Any], *, log: StepLog | None = None,
-                 run_dir: str | os.PathLike[str] | None = None, strategy: str | None = None,
+                 run_dir: str | os.PathLike[str] | None = None,
+                 checkpoint: CheckpointSettings | None = None, strategy: str | None = None,
                  every: int | None = None, keep: int | None = None,
                  max_inflight: int | None = None, fail_at: Sequence[int] = (),
                  fail_rank: int = 0, steps: int | None = None,
@@ -157,7 +167,13 @@ class Checkpointer:
         self.log = log
         self.run: Attempt = log.run if log is not None else resolve_attempt(run_dir)
         env = self.run.env
-        self.strategy_name = str(_pick(env and env.strategy, strategy, "blocking"))
+        script = script_values(checkpoint, strategy=strategy, ckpt_every=every,
+                               keep_checkpoints=keep, max_inflight=max_inflight,
+                               hang_timeout_s=hang_timeout)
+        self.settings: ResolvedCheckpoint = resolve_checkpoint(
+            flags=env.checkpoint if env is not None else {}, script=script)
+        settings = self.settings.settings
+        self.strategy_name = settings.strategy
         if self.strategy_name not in built_strategies():
             raise ConfigError(f"Checkpointer(strategy={self.strategy_name!r}): choose one of "
                               f"{', '.join(built_strategies())}")
@@ -169,11 +185,9 @@ class Checkpointer:
                 f"Checkpointer(strategy='jit'): {loaders[0]!r} is a DataLoader, whose position "
                 "moves ahead of the step a rescue saves; checkpoint its sampler "
                 "(ecrl.GlobalBatchSampler) instead, or use another strategy")
-        self.every = int(_pick(env and env.ckpt_every, every, 0))
-        if self.strategy_name == "none":
-            self.every = 0
-        self.keep = int(_pick(env and env.keep_checkpoints, keep, 2))
-        self.max_inflight = int(_pick(env and env.max_inflight, max_inflight, 2))
+        self.every = settings.effective_ckpt_every
+        self.keep = settings.keep_checkpoints
+        self.max_inflight = settings.max_inflight
         self.failures = FailurePlan(
             steps=frozenset(env.fail_at if env is not None else fail_at),
             rank=env.fail_rank if env is not None else fail_rank)
@@ -183,9 +197,9 @@ class Checkpointer:
             self.geometry: Geometry | None = log.geometry
             self.seed: int | None = log.seed
             self.target: int | None = log.steps if steps is None else steps
-            if env is None:
-                log.declare_checkpointing(strategy=self.strategy_name, every=self.every,
-                                          fail_at=fail_at)
+            # run.json says the settings in effect; failures are the supervisor's when it set them.
+            log.declare_checkpointing(strategy=self.strategy_name, every=self.every,
+                                      fail_at=fail_at if env is None else ())
         else:
             sampler = samplers[0] if samplers else None
             self.geometry = sampler.geometry if sampler is not None else None
@@ -198,14 +212,15 @@ class Checkpointer:
         self._excepthook: tuple[Callable[..., None], Callable[..., None]] | None = None
         if env is not None:
             end = env.deadline
-            rule = DeadlineRule(k1=env.deadline_k1, k2=env.deadline_k2)
-            hang = env.hang_timeout
         else:
             end = deadline if isinstance(deadline, (int, float)) else resolve_deadline(deadline)
-            rule, hang = DeadlineRule(), hang_timeout
+        rule = DeadlineRule(k1=settings.deadline_k_step, k2=settings.deadline_k_ckpt)
         self._deadline = None if end is None else DeadlineClock(deadline=float(end), rule=rule)
-        self._watchdog = Watchdog(WatchdogConfig(bound_s=hang), self._on_hang) \
-            if env is not None or hang_timeout is not None else None
+        # Standalone, the watchdog runs only when asked for: with no supervisor to relaunch, a
+        # hang it ends would just be a failed script.
+        watched = env is not None or self.settings.source("hang_timeout_s") != "default"
+        self._watchdog = Watchdog(WatchdogConfig(bound_s=settings.hang_timeout_s),
+                                  self._on_hang) if watched else None
         self._restored: int | None = None
         # Set by a resume until the first step boundary writes restored.json: the step loaded,
         # each object's digest as loaded, the saved RNG entry, and this rank's streams as set.
@@ -295,6 +310,8 @@ class Checkpointer:
         if self.rank == 0:
             checkpoints.mkdir(parents=True, exist_ok=True)
             clean_temporaries(checkpoints)
+            atomic_write_text(self.run.paths.attempt_dir(self.run.attempt) / SETTINGS_FILE,
+                              json.dumps(self.settings.record()) + "\n")
         point = self._resume_point()
         if point is None:
             for sampler in self.samplers:

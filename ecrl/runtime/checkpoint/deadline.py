@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.endings import DEADLINE_MARKER
+from ecrl.runtime.settings import DEFAULTS
 
 __all__ = ["DEADLINE_EXIT_CODE", "DEADLINE_MARKER", "SLURM_END_ENV", "DeadlineRule",
            "DeadlineClock", "parse_deadline", "resolve_deadline", "estimate_ckpt_s"]
@@ -90,11 +91,11 @@ def estimate_ckpt_s(nbytes: int, *, bandwidth: float = 100e6, floor_s: float = 0
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeadlineRule:
-    """The buffer rule's multipliers."""
+    """The buffer rule's multipliers (``--deadline-k-step`` and ``--deadline-k-ckpt``)."""
 
-    k1: float = 10.0
+    k1: float = DEFAULTS.deadline_k_step
     """Multiplier of the longest step time in the buffer."""
-    k2: float = 2.0
+    k2: float = DEFAULTS.deadline_k_ckpt
     """Multiplier of the longest checkpoint time in the buffer."""
 
     def __post_init__(self) -> None:

@@ -1,8 +1,10 @@
-"""The checkpoint strategies ECRL knows, in one table (torch-free).
+"""The checkpoint strategies ECRL knows, bound to their implementations (torch-free).
 
-Every other list of strategy names is derived from :data:`REGISTRY`: the names ``--strategy``
-accepts, the ones that are built, the class :func:`ecrl.runtime.checkpoint.strategies.make_strategy`
-instantiates and that class's ``name``. A strategy is registered by its import path
+The names and their one-line summaries are part of the run format
+(:mod:`ecrl.contract.strategies`); this table binds an implementation to each. Every other list of
+strategy names is derived from :data:`REGISTRY`: the names ``--strategy`` accepts, the ones that
+are built, the class :func:`ecrl.runtime.checkpoint.strategies.make_strategy` instantiates and that
+class's ``name``. A strategy is registered by its import path
 (``"module:Class"``), not by its class, so that the command line can list and validate names
 without importing torch; the class is imported when a run needs it.
 
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
+from ecrl.contract.strategies import SUMMARIES
 
 __all__ = ["StrategyEntry", "REGISTRY", "register_strategy", "strategy_names", "built_strategies",
-           "strategy_class"]
+           "periodic_strategies", "strategy_entry", "strategy_class"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,35 +36,47 @@ class StrategyEntry:
     """``"module:Class"`` of its implementation; None while it is not built yet."""
     summary: str
     """One line for help texts."""
+    periodic: bool = False
+    """It checkpoints every K steps and at no other time."""
+    sharded: bool = False
+    """Every rank writes its part (a checkpoint directory); otherwise rank 0 writes one file."""
+    background: bool = False
+    """Its writes continue in the background, up to ``--max-inflight`` at a time."""
 
 
 REGISTRY: dict[str, StrategyEntry] = {}
 
 
-def register_strategy(name: str, target: str | None, *, summary: str) -> StrategyEntry:
-    """Add (or replace) a strategy; returns its entry."""
+def register_strategy(name: str, target: str | None, *, summary: str | None = None,
+                      periodic: bool = False, sharded: bool = False,
+                      background: bool = False) -> StrategyEntry:
+    """Add (or replace) a strategy; returns its entry. ``summary`` defaults to the contract's
+    line for a name it knows (a new name needs one)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"strategy name {name!r} must be a plain word")
-    entry = StrategyEntry(name=name, target=target, summary=summary)
+    summary = summary if summary is not None else SUMMARIES.get(name)
+    if summary is None:
+        raise ConfigError(f"strategy {name!r}: give its summary (one line for help texts)")
+    entry = StrategyEntry(name=name, target=target, summary=summary, periodic=periodic,
+                          sharded=sharded, background=background)
     REGISTRY[name] = entry
     return entry
 
 
-register_strategy("none", "ecrl.runtime.checkpoint.strategies:NoCheckpoints",
-                  summary="no checkpoints (a failure restarts from step 0)")
-register_strategy("blocking", "ecrl.runtime.checkpoint.strategies:BlockingCheckpoints",
-                  summary="training waits while rank 0 writes the checkpoint")
-register_strategy("overlapped", "ecrl.runtime.checkpoint.strategies:OverlappedCheckpoints",
-                  summary="rank 0 copies the state; a background process writes it")
-register_strategy("sharded", "ecrl.runtime.checkpoint.sharded:ShardedCheckpoints",
-                  summary="every rank writes its part (torch.distributed.checkpoint); training "
-                          "waits for the commit")
-register_strategy("sharded-async", "ecrl.runtime.checkpoint.sharded:AsyncShardedCheckpoints",
-                  summary="every rank copies the state to CPU; a background thread writes its "
-                          "part and commits")
-register_strategy("jit", "ecrl.runtime.checkpoint.jit:JitCheckpoints",
-                  summary="a healthy rank saves when a peer dies or hangs (at most one step "
-                  "replayed); --ckpt-every K adds a fallback every K steps")
+_BINDINGS: dict[str, dict[str, Any]] = {
+    "none": {"target": "ecrl.runtime.checkpoint.strategies:NoCheckpoints"},
+    "blocking": {"target": "ecrl.runtime.checkpoint.strategies:BlockingCheckpoints",
+                 "periodic": True},
+    "overlapped": {"target": "ecrl.runtime.checkpoint.strategies:OverlappedCheckpoints",
+                   "periodic": True, "background": True},
+    "sharded": {"target": "ecrl.runtime.checkpoint.sharded:ShardedCheckpoints",
+                "periodic": True, "sharded": True},
+    "sharded-async": {"target": "ecrl.runtime.checkpoint.sharded:AsyncShardedCheckpoints",
+                      "periodic": True, "sharded": True, "background": True},
+    "jit": {"target": "ecrl.runtime.checkpoint.jit:JitCheckpoints"},
+}
+for _name in SUMMARIES:  # the contract's order; a name without an implementation is not built
+    register_strategy(_name, **{"target": None, **_BINDINGS.get(_name, {})})
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -74,12 +89,23 @@ def built_strategies() -> tuple[str, ...]:
     return tuple(name for name, entry in REGISTRY.items() if entry.target is not None)
 
 
-def strategy_class(name: str) -> Any:
-    """The implementation of ``name`` (imports it; a Strategy subclass)."""
+def periodic_strategies() -> tuple[str, ...]:
+    """The built strategies that checkpoint every K steps and at no other time."""
+    return tuple(name for name in built_strategies() if REGISTRY[name].periodic)
+
+
+def strategy_entry(name: str) -> StrategyEntry:
+    """The entry of ``name`` (a one-line error for an unknown name)."""
     entry = REGISTRY.get(name)
     if entry is None:
         raise ConfigError(f"checkpoint strategy {name!r} is unknown: choose one of "
                           f"{', '.join(strategy_names())}")
+    return entry
+
+
+def strategy_class(name: str) -> Any:
+    """The implementation of ``name`` (imports it; a Strategy subclass)."""
+    entry = strategy_entry(name)
     if entry.target is None:
         raise ConfigError(f"checkpoint strategy {name!r} is not built yet: choose one of "
                           f"{', '.join(built_strategies())}")

@@ -219,7 +219,7 @@ class OverlappedCheckpoints(Strategy):
         super().__init__(ctx)
         self._client = WriterClient.start(
             run_dir=str(ctx.paths.root), attempt=ctx.attempt, keep=ctx.keep,
-            max_inflight=ctx.max_inflight) if ctx.rank == 0 else None
+            max_inflight=ctx.max_inflight, strategy=self.name) if ctx.rank == 0 else None
         # Only rank 0 copies the state; an optimizer is what makes deferring a copy safe.
         self._pipeline = SnapshotPipeline(ctx.optimizers, on_ready=self._hand_on,
                                           on_torn=self._drop) \

@@ -174,8 +174,10 @@ class StepLog:
     def _planned(self) -> RunManifest:
         env = self.run.env
         if env is not None:
+            # The strategy and interval the Checkpointer resolved (flag > script > default).
             settings: dict[str, Any] = {
-                "strategy": env.strategy, "ckpt_every": env.ckpt_every,
+                "strategy": self._checkpointing["strategy"],
+                "ckpt_every": self._checkpointing["ckpt_every"],
                 "fail_at": sorted(set(env.fail_at) | set(self._checkpointing["fail_at"])),
                 "world_sizes": list(env.world_sizes) or [self.world_size]}
         else:

@@ -14,6 +14,12 @@ attempt; the supervisor reads the target step from it once it exists. The superv
 settings (world sizes, checkpoint strategy and interval, failures) are kept in
 ``supervisor.json`` under ``launch``, so that ``ecrl launch --out DIR`` alone continues a run.
 
+The checkpoint settings (:class:`ecrl.runtime.settings.CheckpointSettings`) follow one precedence:
+a flag given (now or by the launch this one continues) > the script's own ``Checkpointer``
+argument > the default. The supervisor passes the ranks only the flags that were given (kept
+under ``launch.given``); the script's Checkpointer resolves the rest and rank 0 records the result
+with each value's source, which the summary prints.
+
 Several nodes: one ``ecrl launch`` per node, all with the same ``--nnodes``, ``--rdzv-endpoint``,
 ``--rdzv-id`` and ``--out`` on a file system every node shares; ``--node-rank 0`` on exactly one of
 them, which keeps ``supervisor.json`` (the others keep ``supervisor-node-K.json``). Every rank
@@ -39,16 +45,11 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
-from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.runconfig import LAUNCH_KEYS, RunConfig
 from ecrl.runtime.supervision.supervisor import LOCK_FILE, Supervisor
 
 __all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_program", "run_launch"]
 
-LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
-               "max_restarts", "keep_checkpoints", "threads", "nnodes", "rdzv_backend",
-               "rdzv_endpoint", "rdzv_id", "rdzv_conf", "deadline", "deadline_k_step",
-               "deadline_k_ckpt", "hang_timeout_s", "warm_standby")
-"""The settings of ``ecrl launch`` (a subset of ``ecrl run``'s; the rest is the script's)."""
 _SAME_RUN_KEYS = ("world_sizes", "ckpt_every", "strategy", "fail_at")
 _PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
@@ -115,6 +116,11 @@ def _stored(config: RunConfig) -> dict[str, Any]:
     return {k: data[k] for k in LAUNCH_KEYS}
 
 
+def _given(config: RunConfig) -> list[str]:
+    """The launch settings the user gave (flags), kept so that a continuation passes them on."""
+    return sorted(config.explicit & set(LAUNCH_KEYS))
+
+
 @dataclass(slots=True)
 class LaunchSupervisor(Supervisor):
     """:class:`Supervisor` of a user's script; one per node (``node_rank``)."""
@@ -171,13 +177,16 @@ class LaunchSupervisor(Supervisor):
                     "alone, or use a new --out")
             self.program = tuple(self.program) or program
             old = stored.get("config", {})
+            # A run launched before the flags given were kept: every stored value was passed on.
+            old_given = frozenset(stored.get("given", old))
             given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
             for key in _SAME_RUN_KEYS:
-                if key in given and key in old and given[key] != old[key]:
+                if key in given and key in old_given and key in old and given[key] != old[key]:
                     raise ConfigError(
                         f"{root} was launched with --{key.replace('_', '-')} {old[key]}, not "
                         f"{given[key]}: continue it with its own settings or use a new --out")
-            self.config = _config({**old, **given, "out": str(root)}, self.config.explicit)
+            self.config = _config({**old, **given, "out": str(root)},
+                                  self.config.explicit | (old_given & set(LAUNCH_KEYS)))
             self._take_lock()
             if state.status == "completed":
                 self.out(f"ecrl launch: {root} is already complete; nothing to do")
@@ -200,20 +209,22 @@ class LaunchSupervisor(Supervisor):
             self.state = SupervisorState(attempts=[], restarts=0, status="running", extra={
                 "injected_failures": [],
                 "launch": {"program": list(self.program), "config": _stored(self.config),
-                           "node_rank": self.node_rank}})
+                           "given": _given(self.config), "node_rank": self.node_rank}})
         self._refresh_manifest()
         self._save()
         return True
 
     def _refresh_manifest(self) -> None:
         """``run.json`` once the script wrote it (else a placeholder naming no target); the
-        supervisor's own settings always come from the launch."""
+        supervisor's own settings always come from the launch. The checkpoint strategy and
+        interval are the script's Checkpointer's, as it resolved them (run.json says them)."""
         c = self.config
-        ours: dict[str, Any] = {"strategy": c.strategy, "ckpt_every": c.effective_ckpt_every,
-                "fail_at": sorted(set(c.fail_at)), "world_sizes": list(c.world_sizes)}
+        ours: dict[str, Any] = {"fail_at": sorted(set(c.fail_at)),
+                                "world_sizes": list(c.world_sizes)}
         if self.paths.manifest.exists():
             self.manifest = replace(read_json_record(self.paths.manifest, RunManifest), **ours)
             return
+        ours.update(strategy=c.strategy, ckpt_every=c.effective_ckpt_every)
         self.manifest = RunManifest(
             seed=0, dataset={"name": "(set by the script)", "size": 1}, global_batch=1,
             steps_per_epoch=1, target_steps=0,
@@ -228,7 +239,7 @@ class LaunchSupervisor(Supervisor):
         c = self.config
         node = f" · node {self.node_rank} of {c.nnodes}" if c.nnodes > 1 else ""
         return (f"ecrl launch: {self.paths.root} · {' '.join(self.program)} · strategy "
-                f"{c.strategy} every {c.effective_ckpt_every} · world sizes "
+                f"{_shown(c, 'strategy')} every {_shown(c, 'ckpt_every')} · world sizes "
                 f"{','.join(map(str, c.world_sizes))}{node}")
 
     def _launch(self, attempt: int, world: int, pointer: Any, fail_at: list[int]) -> int:
@@ -273,6 +284,13 @@ class LaunchSupervisor(Supervisor):
                      f"(run directory {self.paths.root})")
             return
         Supervisor._print_summary(self)
+
+
+def _shown(config: RunConfig, name: str) -> str:
+    """A checkpoint setting as the launch knows it before the script runs: the flag given, or
+    the script's choice with the default behind it."""
+    value = getattr(config, name)
+    return f"{value} (flag)" if name in config.explicit else f"(the script's, else {value})"
 
 
 def _another_nodes(name: str) -> bool:

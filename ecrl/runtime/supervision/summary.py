@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
+from ecrl.runtime.settings import SETTINGS_FILE, ResolvedCheckpoint
 
 __all__ = ["RunSummary", "summarize", "render_summary"]
 
@@ -58,6 +60,21 @@ class RunSummary:
     stall_s_total: float
     stall_s_median: float | None
     write_s_median: float | None
+    settings: ResolvedCheckpoint | None = None
+    """The checkpoint settings in effect in the last attempt that recorded them, with where each
+    came from (flag, script, default); None when no rank recorded them."""
+
+
+def checkpoint_settings(paths: RunPaths, attempts: list[int]) -> ResolvedCheckpoint | None:
+    """What the newest of ``attempts`` that started a Checkpointer recorded (rank 0's
+    ``checkpoint-settings.json``), or None."""
+    for attempt in reversed(attempts):
+        path = paths.attempt_dir(attempt) / SETTINGS_FILE
+        with contextlib.suppress(OSError, ValueError):
+            found = ResolvedCheckpoint.from_record(json.loads(path.read_text(encoding="utf-8")))
+            if found is not None:
+                return found
+    return None
 
 
 def summarize(root: str) -> RunSummary:
@@ -109,6 +126,7 @@ def summarize(root: str) -> RunSummary:
         checkpoints=len(stalls), stall_s_total=sum(stalls),
         stall_s_median=statistics.median(stalls) if stalls else None,
         write_s_median=statistics.median(writes) if writes else None,
+        settings=checkpoint_settings(paths, [a.attempt for a in attempts]),
     )
 
 
@@ -120,6 +138,7 @@ def render_summary(s: RunSummary) -> list[str]:
     failures = (f"injected failures after steps {', '.join(map(str, s.injected_failures))}"
                 if s.injected_failures else "no injected failures")
     per_attempt = ", ".join(f"{w:.1f}" for w in s.attempt_wall_s) or "none"
+    settings = [f"settings:     {s.settings.describe()}"] if s.settings is not None else []
     return [
         f"steps:        {s.committed_steps}/{s.target_steps} committed ({s.status})",
         f"attempts:     {s.attempts} (world sizes {sizes}), restarts {s.restarts}, {failures}",
@@ -130,4 +149,5 @@ def render_summary(s: RunSummary) -> list[str]:
         f"wall time:    {per_attempt} s per attempt",
         f"checkpoints:  {s.checkpoints} durable, training stall {ms(s.stall_s_median)} median "
         f"({s.stall_s_total:.2f} s total), write {ms(s.write_s_median)} median",
+        *settings,
     ]

@@ -481,12 +481,11 @@ class Supervisor:
             resume_step=None if pointer is None else pointer.global_step,
             resume_path=None if pointer is None else pointer.path,
             resume_checksum=None if pointer is None else pointer.checksum,
-            fail_at=tuple(fail_at), fail_rank=c.fail_rank, strategy=c.strategy,
-            ckpt_every=self.manifest.ckpt_every, keep_checkpoints=c.keep_checkpoints,
-            max_inflight=c.max_inflight, world_sizes=tuple(self.manifest.world_sizes),
-            deadline=self._deadline, deadline_k1=c.deadline_k_step,
-            deadline_k2=c.deadline_k_ckpt,
-            hang_timeout=c.hang_timeout_s)
+            fail_at=tuple(fail_at), fail_rank=c.fail_rank,
+            # Only the checkpoint settings the user gave: the script's own choices stand for the
+            # others (ecrl.runtime.settings; the built-in trainer passes its configuration).
+            checkpoint=c.checkpoint_given, world_sizes=tuple(self.manifest.world_sizes),
+            deadline=self._deadline)
 
     def _environment(self, world: int, variables: Mapping[str, str]) -> dict[str, str]:
         env = dict(os.environ)

@@ -127,7 +127,8 @@ class Trainer:
         log = StepLog(self.paths.root, sampler=sampler, steps=self.target, log_ids=m.log_ids,
                       model=m.model, dataset=str(m.dataset["name"]))
         ckpt = Checkpointer({"model": ddp, "optimizer": optimizer, "scheduler": scheduler,
-                             "sampler": sampler}, log=log)
+                             "sampler": sampler}, log=log,
+                            checkpoint=self.config.checkpoint)  # the run's: flags or defaults
         start = ckpt.restore()
         ddp.train()
         with ckpt:  # jit: an exception a dead peer causes reaches the checkpointer's rescue
