@@ -36,6 +36,8 @@ _LAZY = {
     "Checkpointer": "ecrl.runtime.checkpoint.checkpointer",
     "CheckpointSettings": "ecrl.runtime.settings",
 }
+_TORCH_FREE = frozenset({"CheckpointSettings"})
+"""Lazy names that need no torch (a launcher script may build its settings without it)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -43,7 +45,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ecrl' has no attribute {name!r}")
-    _require("torch", what=f"ecrl.{name}")
+    if name not in _TORCH_FREE:
+        _require("torch", what=f"ecrl.{name}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

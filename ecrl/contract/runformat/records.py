@@ -24,16 +24,13 @@ from ecrl.contract.runformat._record import (
     optional,
     spec,
 )
+from ecrl.contract.strategies import STRATEGIES
 
 __all__ = ["SCHEMA_VERSION", "STRATEGIES", "SAMPLER_KINDS", "RunManifest", "SupervisorAttempt",
            "SupervisorState", "StepRecord", "CheckpointEvent", "LatestPointer"]
 
-STRATEGIES = ("none", "blocking", "overlapped", "sharded", "sharded-async", "jit")
-"""Checkpoint strategies a manifest may name (the runtime builds the first three so far)."""
 SAMPLER_KINDS = ("ecrl", "external")
 """``run.json`` ``sampler.kind``: ECRL's own order, or one the verifier can only audit."""
-
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
