@@ -46,6 +46,7 @@ from typing import Any
 
 import libcst as cst
 
+from transform._tasks_build import is_elif, is_hint_statement
 from transform.analysis import AnalysisSuccess
 from transform.calls import check_single_entry
 from transform.cfg import (
@@ -59,7 +60,7 @@ from transform.cfg import (
 from transform.errors import SourceError, SourceIssue
 from transform.plan import slot_positions
 from transform.planspec import HintSpec, Plan, RegionSpec, SlotRule
-from transform.tasks import Branch, Loop, Seq, is_elif, is_hint_statement
+from transform.tasks import Branch, Loop, Seq
 
 __all__ = ["Generated", "generate", "already_transformed", "ACTIVATION", "PROGRAM", "RUNTIME",
            "MARKER"]
