@@ -10,6 +10,8 @@ with the ``ast`` statements by walking both trees in step, and edits are applied
 from __future__ import annotations
 
 import ast
+import difflib
+import pprint
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +19,9 @@ from typing import Any
 import libcst as cst
 
 from transform._codegen_marks import never_guarded
-from transform._codegen_model import ACTIVATION, PROGRAM, WIDTH, Marks
+from transform._codegen_model import ACTIVATION, MARKER, PROGRAM, WIDTH, Marks
 
-__all__ = ["Emitter"]
+__all__ = ["Emitter", "LINES_PLACEHOLDER", "line_map", "with_line_map"]
 
 
 def _expr(template: str, **subs: cst.BaseExpression) -> cst.BaseExpression:
@@ -382,3 +384,65 @@ def _move_comments(source: cst.BaseStatement, target: cst.BaseStatement
     return (target.with_changes(leading_lines=source.leading_lines),
             source.with_changes(leading_lines=()))
 
+
+
+# --------------------------------------------------------------------------- the line map
+
+LINES_PLACEHOLDER = "__ecrl_lines__"
+"""Stands for the line map in the emitted program until the map of the final text is known."""
+
+
+def line_map(generated: str, original: str) -> dict[str, Any]:
+    """Where each line of a generated program comes from in the original, as the literal the
+    program hands the runtime (``Program(..., lines=...)``), so that a traceback is shown in the
+    original's lines without the runtime parsing anything.
+
+    ``runs``: ``[generated line, original line, count]`` for each stretch of consecutive lines
+    that map to consecutive original lines (1-based; a line the generator added is in none);
+    ``text``: the original's text (stripped) of the lines whose generated line differs (the
+    steered headers), by original line number.
+    """
+    ours = generated.splitlines()
+    theirs = original.splitlines()
+    mapping = [0] * (len(ours) + 1)
+    matcher = difflib.SequenceMatcher(None, ours, theirs, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("equal", "replace"):
+            # "replace": a steered header (the user's line with generated code inside it).
+            for k in range(i2 - i1):
+                mapping[i1 + k + 1] = min(j1 + k, j2 - 1) + 1
+    runs: list[list[int]] = []
+    text: dict[int, str] = {}
+    for line in range(1, len(mapping)):
+        source_line = mapping[line]
+        if source_line == 0:
+            continue
+        if runs and runs[-1][0] + runs[-1][2] == line and runs[-1][1] + runs[-1][2] == source_line:
+            runs[-1][2] += 1
+        else:
+            runs.append([line, source_line, 1])
+        if ours[line - 1].strip() != theirs[source_line - 1].strip():
+            text[source_line] = theirs[source_line - 1].strip()
+    return {"runs": runs, "text": text}
+
+
+def with_line_map(code: str, original: str) -> str:
+    """``code`` with its own line map in place of :data:`LINES_PLACEHOLDER`.
+
+    The map's literal shifts the lines after it, and their numbers can lengthen the literal:
+    formatted again until it describes the text it is part of. The number of lines it takes only
+    grows with the shift, so this ends (after two or three rounds).
+    """
+    at = code.index(LINES_PLACEHOLDER, code.index(MARKER))
+    head, tail = code[:at], code[at + len(LINES_PLACEHOLDER):]
+    literal = "{}"
+    for _ in range(32):
+        whole = head + literal + tail
+        # Continuation lines line up under the literal's start, after ``    lines=``.
+        formatted = textwrap.indent(
+            pprint.pformat(line_map(whole, original), width=WIDTH - 10, sort_dicts=False,
+                           compact=True), " " * 10)[10:]
+        if formatted == literal:
+            return whole
+        literal = formatted
+    raise AssertionError("the line map did not settle")

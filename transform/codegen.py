@@ -42,7 +42,7 @@ import textwrap
 
 import libcst as cst
 
-from transform._codegen_emit import Emitter
+from transform._codegen_emit import LINES_PLACEHOLDER, Emitter, with_line_map
 from transform._codegen_marks import issue, mark_program
 from transform._codegen_model import (
     ACTIVATION,
@@ -134,13 +134,14 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
     literal = textwrap.indent(pprint.pformat(plan_literal, width=WIDTH - 4, sort_dicts=False,
                                              compact=True), "    ")
     prologue = [f"{MARKER}  # ecrl-transform: resumable checkpoints (docs/transform.md)\n",
-                f"{PROGRAM} = {RUNTIME}.Program(\n    __file__,\n{literal})\n"]
+                f"{PROGRAM} = {RUNTIME}.Program(\n    __file__,\n{literal},\n"
+                f"    lines={LINES_PLACEHOLDER})\n"]
     if "<module>" in chosen_regions:
         prologue.append(f"{ACTIVATION} = {PROGRAM}.enter('<module>')\n")
 
     module = cst.parse_module(source)
     code = Emitter(module, tree.module, marked.marks, marked.hints, prologue,
                    marked.region_names, marked.path_chains).module_code()
-    return Generated(code=code, changed=True, checkpoints=tuple(chosen_ids),
-                     plan=plan_literal)
+    return Generated(code=with_line_map(code, source), changed=True,
+                     checkpoints=tuple(chosen_ids), plan=plan_literal)
 

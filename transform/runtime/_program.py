@@ -42,8 +42,11 @@ DEDUP_ENV = "ECRL_TRANSFORM_DEDUP"
 class Program:
     """One transformed program: its plan, its resume state, its regions' entries."""
 
-    def __init__(self, file: str, plan: Mapping[str, Any]) -> None:
+    def __init__(self, file: str, plan: Mapping[str, Any],
+                 lines: Mapping[str, Any] | None = None) -> None:
         self.file = file
+        self.lines = lines
+        """The generator's map from the program's lines to the original's (tracebacks)."""
         try:
             self.plan = Plan.from_literal(plan)
         except PlanError as exc:
