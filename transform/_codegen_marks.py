@@ -150,7 +150,7 @@ def _unsaveable_kind(stmt: ast.stmt) -> str | None:
 # --------------------------------------------------------------------------- marks
 
 
-def site_for(marks: Marks, kind: str, node: ast.AST, hint: int) -> int:
+def _site_for(marks: Marks, kind: str, node: ast.AST, hint: int) -> int:
     key = (kind, id(node))
     if key not in marks.site:
         marks.site[key] = len(marks.site) + 1
@@ -160,7 +160,7 @@ def site_for(marks: Marks, kind: str, node: ast.AST, hint: int) -> int:
     return k
 
 
-def mark_skip(marks: Marks, stmt: ast.stmt) -> None:
+def _mark_skip(marks: Marks, stmt: ast.stmt) -> None:
     if id(stmt) in marks.skip:
         return
     marks.skip.add(id(stmt))
@@ -168,13 +168,13 @@ def mark_skip(marks: Marks, stmt: ast.stmt) -> None:
     if isinstance(stmt, ast.Try | ast.TryStar):
         for block in (stmt.body, stmt.orelse, stmt.finalbody):
             for s in block:
-                mark_skip(marks, s)
+                _mark_skip(marks, s)
     elif isinstance(stmt, ast.For | ast.While):
         for s in stmt.orelse:
-            mark_skip(marks, s)
+            _mark_skip(marks, s)
 
 
-def mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> None:
+def _mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> None:
     chains: dict[int, list[Step]] = {}
 
     def visit(block: list[ast.stmt], chain: list[Step]) -> None:
@@ -210,30 +210,30 @@ def mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> N
         marks.hint_subjects[hint] = []
         for step in chain:
             for s in step.block[:step.index]:
-                mark_skip(marks, s)
+                _mark_skip(marks, s)
             stmt = step.block[step.index]
             if step.arm is None:
                 continue
             kind, node = step.arm
             if kind == "loop":
-                k = site_for(marks, "loop", stmt, hint)
+                k = _site_for(marks, "loop", stmt, hint)
                 if isinstance(stmt, ast.For):
                     marks.hint_loops[hint].append(k)
                     if _is_range_call(stmt.iter):
                         marks.ranges.add(k)
             elif kind in ("arm", "else"):
-                site_for(marks, kind, node, hint)
+                _site_for(marks, kind, node, hint)
             elif kind == "with":
-                site_for(marks, "with", stmt, hint)
+                _site_for(marks, "with", stmt, hint)
             elif kind == "case":
-                marks.hint_subjects[hint].append(site_for(marks, "match", stmt, hint))
-                site_for(marks, "case", node, hint)
+                marks.hint_subjects[hint].append(_site_for(marks, "match", stmt, hint))
+                _site_for(marks, "case", node, hint)
         if len(chain) > 1:
             top = chain[0].block[chain[0].index]
             marks.restore_before.setdefault(id(top), []).append(hint)
 
 
-def walk_executed(marks: Marks, hint: int, stmt: ast.stmt) -> bool:
+def _walk_executed(marks: Marks, hint: int, stmt: ast.stmt) -> bool:
     """Does ``stmt`` run again (unguarded) on the way to ``hint``'s saved point?"""
     for step in marks.chains[hint]:
         before = step.block[:step.index]
@@ -270,7 +270,7 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
         chosen = {id(hints_by_id[h].statement): h for h in chosen_ids
                   if hints_by_id[h].region == name}
         marks.chosen.update(chosen)
-        mark_region(marks, node.body, chosen)
+        _mark_region(marks, node.body, chosen)
         bindings = _bindings(node.body)
         info: dict[str, Any] = {}
         if isinstance(node, ast.FunctionDef):
@@ -429,7 +429,7 @@ def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
     # Definitions re-created only if the walk runs all of them again; else saved as values.
     for name in facts.rebind:
         stmts = bindings.get(name, [])
-        if not stmts or not all(walk_executed(marks, hint, s) for s in stmts):
+        if not stmts or not all(_walk_executed(marks, hint, s) for s in stmts):
             save.add(name)
             maybe.add(name)
     line = result.tree.hints[hint - 1].position.line
@@ -438,9 +438,9 @@ def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
         kinds = [_unsaveable_kind(s) for s in stmts]
         if stmts and all(kinds):
             raise issue(result, stmts[0], "unsaveable",
-                         f"`{name}` holds {kinds[0]} and is live at the checkpoint on line "
-                         f"{line}, which cannot save it: create it after the checkpoint, or "
-                         "move the hint to where it is not live")
+                        f"`{name}` holds {kinds[0]} and is live at the checkpoint on line "
+                        f"{line}, which cannot save it: create it after the checkpoint, or "
+                        "move the hint to where it is not live")
     return {
         "region": result.tree.hints[hint - 1].region,
         "line": line,

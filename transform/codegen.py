@@ -74,7 +74,7 @@ def _check_reserved(result: AnalysisSuccess) -> None:
             name = node.arg
         if name in RESERVED:
             raise issue(result, node, "reserved-name",
-                         f"`{name}` is a name generated code uses: rename it")
+                        f"`{name}` is a name generated code uses: rename it")
 
 
 def already_transformed(source: str, path: str) -> SourceIssue | None:
