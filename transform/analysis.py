@@ -13,6 +13,7 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from transform._tasks_build import build_task_tree
 from transform.calls import check_single_entry
 from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
@@ -25,7 +26,7 @@ from transform.plan import (
     static_total_time,
 )
 from transform.profile import Profile
-from transform.tasks import Hint, Region, TaskTree, build_task_tree
+from transform.tasks import Hint, Region, TaskTree
 
 __all__ = ["AnalysisSuccess", "AnalysisFailure", "AnalysisResult", "analyze"]
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transform import schedule as sched
+from transform._tasks_build import param_problem
 from transform.errors import ScheduleError
-from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq, param_problem
+from transform.tasks import Branch, Code, HintSite, Loop, Region, Seq
 
 __all__ = [
     "EXPAND_LIMIT",

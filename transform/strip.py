@@ -16,7 +16,7 @@ from typing import Any
 
 import libcst as cst
 
-from transform.codegen import ACTIVATION, PROGRAM, RUNTIME
+from transform._codegen_model import ACTIVATION, PROGRAM, RUNTIME
 
 __all__ = ["strip"]
 

@@ -1,6 +1,6 @@
 """The kill-and-resume harness: real processes, real SIGKILL, restarts until the program exits 0.
 
-Every run goes through :class:`transform.testing.drive.DrivenRun`: the kill clock starts when the
+Every run goes through :class:`transform._testing.drive.DrivenRun`: the kill clock starts when the
 program's imports are done, so kills land in the program itself (reading the resume state, the
 walk back, the work), not in interpreter start-up.
 
@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from transform.testing.drive import DrivenRun
+from transform._testing.drive import DrivenRun
 
 SRC_ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import killresume as kr
 import pytest
 
+from transform._testing.drive import DrivenRun
 from transform.analysis import AnalysisSuccess, analyze
 from transform.codegen import generate
 from transform.errors import SourceError
-from transform.testing.drive import DrivenRun
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 REFUSED = sorted(p.name for p in (FIXTURES / "refused").iterdir() if (p / "input.py").exists())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from transform.testing.drive import DrivenRun
+from transform._testing.drive import DrivenRun
 
 ENDINGS = {
     "normal": ("print('out')", 0, ""),

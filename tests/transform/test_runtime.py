@@ -209,6 +209,74 @@ print(train(10))
 """
 
 
+IMPORTS = """
+import atexit
+import sys
+from transform import _checkpoint
+
+
+def loaded():  # after the traceback was shown in the original's lines
+    print(sorted(m for m in sys.modules
+                 if m.split(".")[0] in ("transform", "libcst", "networkx", "numpy", "torch")))
+
+
+atexit.register(loaded)
+total = 0
+for i in range(3):
+    total += i
+    _checkpoint()
+raise ValueError(total)
+"""
+
+# What a generated program may load of ours: the hint, the plan it carries and the runtime.
+LIGHT = {"transform", "transform._firing", "transform.planspec"}
+
+
+def test_a_generated_program_imports_no_code_generator(tmp_path: Path) -> None:
+    _, program, env = prepare(tmp_path, IMPORTS, "--all-hints")
+    done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-3:] == ['  File "original.py", line 17, in <module>',
+                                             "    raise ValueError(total)", "ValueError: 3"]
+    loaded = set(eval(done.stdout.strip().splitlines()[-1]))
+    assert "transform.runtime" in loaded  # the check sees the program's own process
+    heavy = {m for m in loaded if m not in LIGHT and not m.startswith("transform.runtime")}
+    assert heavy == set(), f"a generated program loaded {sorted(heavy)}"
+
+
+STEERED = """
+from transform import _checkpoint
+
+
+def items(n):
+    for i in range(n):
+        if i == 5:
+            raise KeyError(i)
+        yield i
+
+
+total = 0
+for i in items(8):
+    _iterations: 8
+    total += i
+    _checkpoint()
+print(total)
+"""
+
+
+def test_an_error_in_a_steered_header_shows_the_original_line(tmp_path: Path) -> None:
+    # The header is rewritten (``_ecrl.loop(K)(items(8))``): the program carries its text.
+    _, program, env = prepare(tmp_path, STEERED, "--all-hints")
+    assert "for i in _ecrl.loop(1)(items(8)):" in program.read_text()
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    at = lines.index('  File "original.py", line 13, in <module>')
+    assert lines[at + 1] == "    for i in items(8):"
+    assert lines[-3:] == ['  File "original.py", line 8, in items', "    raise KeyError(i)",
+                          "KeyError: 5"]
+
 def test_an_error_in_the_program_is_shown_in_the_original_source(tmp_path: Path) -> None:
     _, program, env = prepare(tmp_path, RAISES, "--all-hints")
     done = kr.finish(program, cwd=tmp_path, env=env)

@@ -11,8 +11,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from transform import schedule as s
+from transform._testing.naive import naive_budget, naive_penalized
 from transform.errors import ScheduleError
-from transform.testing.naive import naive_budget, naive_penalized
 
 REL = 1e-9
 

@@ -1,6 +1,6 @@
 """The generated code of every fixture is pinned, and the user's lines survive it byte for byte.
 
-Regenerate with ``python -m transform.testing.snapshots --update`` (then review the diff).
+Regenerate with ``python tests/transform/snapshots.py --update`` (then review the diff).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from genprograms import programs
 from hypothesis import given
 from hypothesis import strategies as st
+from snapshots import SNAPSHOT, cases, generated_for, main
 
 from transform.analysis import AnalysisSuccess, analyze
 from transform.codegen import generate
 from transform.strip import strip
-from transform.testing.snapshots import SNAPSHOT, cases, generated_for, main
 
 CASES = {c.name: c for c in cases()}
 
@@ -84,7 +84,7 @@ def test_snapshot_is_current(name: str) -> None:
     case = CASES[name]
     expected = (case / SNAPSHOT).read_text()
     assert generated_for(case) == expected, (
-        f"{name}/{SNAPSHOT} is stale: run `python -m transform.testing.snapshots --update`")
+        f"{name}/{SNAPSHOT} is stale: run `python tests/transform/snapshots.py --update`")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -3,8 +3,9 @@ resume state kept or removed.
 
 The generated program keeps every line of the original but adds lines of its own, so an uncaught
 exception's traceback is rewritten: frames in the generated file show the original file's name,
-line number and line (the original is recovered from the generated file by
-:func:`transform.strip.strip`, its exact inverse, only when there is a traceback to show).
+line number and line. The generator wrote the map from its lines to the original's into the
+program (``Program(..., lines=...)``: runs of consecutive lines, and the original text of the
+lines it changed), so nothing is parsed here, only when there is a traceback to show.
 
 The resume state is spent only when the program ends normally: no uncaught exception
 (``sys.excepthook``) and no ``sys.exit`` with a failing status. A walk that never arrived is a
@@ -14,12 +15,11 @@ bug worth a loud exit, never a silent success.
 from __future__ import annotations
 
 import atexit
-import difflib
 import os
 import sys
 import traceback
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -107,21 +107,16 @@ class ExitWatch:
             program.complete()
 
 
-def line_map(generated: str) -> tuple[list[int], list[str]]:
-    """For each line of a generated program, the original's line it comes from (1-based; 0 for
-    a line the generator added), and the original's lines."""
-    from transform.strip import strip
-
-    original = strip(generated).splitlines()
-    ours = generated.splitlines()
-    mapping = [0] * (len(ours) + 1)
-    matcher = difflib.SequenceMatcher(None, ours, original, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag in ("equal", "replace"):
-            # "replace": a steered header (the user's line with generated code inside it).
-            for k in range(i2 - i1):
-                mapping[i1 + k + 1] = min(j1 + k, j2 - 1) + 1
-    return mapping, original
+def line_map(lines: Mapping[str, Any] | None) -> tuple[dict[int, int], dict[int, str]]:
+    """The map a generated program carries, read: its line → the original's line (a line the
+    generator added is absent), and the original's text of the lines the generator changed."""
+    mapping: dict[int, int] = {}
+    if not lines:
+        return mapping, {}
+    for start, source_line, count in lines.get("runs", ()):
+        for k in range(count):
+            mapping[start + k] = source_line + k
+    return mapping, {int(k): str(v) for k, v in lines.get("text", {}).items()}
 
 
 def user_traceback(programs: Sequence[Program], kind: type[BaseException],
@@ -129,7 +124,7 @@ def user_traceback(programs: Sequence[Program], kind: type[BaseException],
     """The traceback with the generated files' frames moved to the originals, or None when no
     frame is in a generated file."""
     generated = {os.path.abspath(p.file): p for p in programs}
-    maps: dict[str, tuple[list[int], list[str]]] = {}
+    maps: dict[str, tuple[dict[int, int], dict[int, str], list[str]]] = {}
     moved = False
     top = traceback.TracebackException(kind, value, tb)
     seen: set[int] = set()
@@ -149,14 +144,15 @@ def user_traceback(programs: Sequence[Program], kind: type[BaseException],
                 continue
             if path not in maps:
                 with open(path, encoding="utf-8") as f:
-                    maps[path] = line_map(f.read())
-            mapping, original = maps[path]
-            line = mapping[frame.lineno] if frame.lineno < len(mapping) else 0
-            if line == 0:
+                    maps[path] = (*line_map(program.lines), f.read().splitlines())
+            mapping, changed, ours = maps[path]
+            line = mapping.get(frame.lineno, 0)
+            if line == 0 or frame.lineno > len(ours):
                 continue
+            text = changed.get(line)
             exc.stack[i] = traceback.FrameSummary(
                 program.plan.original or frame.filename, line, frame.name,
-                line=original[line - 1].strip())
+                line=ours[frame.lineno - 1].strip() if text is None else text)
             moved = True
     if not moved:
         return None

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from transform.planspec import HintSpec, Plan, PlanError
 from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
+from transform.runtime._observe import Saved, notify
 from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
@@ -42,8 +44,11 @@ DEDUP_ENV = "ECRL_TRANSFORM_DEDUP"
 class Program:
     """One transformed program: its plan, its resume state, its regions' entries."""
 
-    def __init__(self, file: str, plan: Mapping[str, Any]) -> None:
+    def __init__(self, file: str, plan: Mapping[str, Any],
+                 lines: Mapping[str, Any] | None = None) -> None:
         self.file = file
+        self.lines = lines
+        """The generator's map from the program's lines to the original's (tracebacks)."""
         try:
             self.plan = Plan.from_literal(plan)
         except PlanError as exc:
@@ -364,7 +369,10 @@ class Activation:
         self.counters[slot] = occurrence
         if self.program.plan.slots[slot].fires(occurrence) or self.pending:
             self.pending = False
+            start = time.perf_counter()
             self._save(hint, info, sys._getframe(1))
+            notify(Saved(number=self.program.saves, hint=hint,
+                         seconds=time.perf_counter() - start))
         return False
 
     def _save(self, hint: int, info: HintSpec, frame: types.FrameType) -> None:

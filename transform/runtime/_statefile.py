@@ -158,7 +158,9 @@ class StateDir:
             directory.chmod(0o700)
 
     def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes],
-              hook: Callable[[str], None] | None = None) -> None:
+              hook: Callable[[str], None] | None = None) -> int:
+        """Write a state, its blobs first; the number of bytes written."""
+        written = 0
         if not self.directory.is_dir():
             # Removed while the program ran: made again owner-only, and none of the blobs it
             # held can be taken as written.
@@ -170,12 +172,15 @@ class StateDir:
             target = self.directory / f"{_BLOB}{digest}"
             if not target.exists():
                 atomic_write_bytes(target, content)
+                written += len(content)
             self.on_disk.add(digest)
         header = {**header, "format": _FORMAT, "blobs": sorted(blobs)}
         header["sha256"] = _checksum(header, data)
         head = json.dumps(header, sort_keys=True).encode()
-        atomic_write_bytes(self.path, _MAGIC + head + b"\n" + data, hook=hook)
+        state = _MAGIC + head + b"\n" + data
+        atomic_write_bytes(self.path, state, hook=hook)
         self._collect(blobs)
+        return written + len(state)
 
     def _collect(self, keep: Iterable[str]) -> None:
         """Blobs the state on disk no longer refers to."""

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transform.runtime._exit import CheckpointError
+from transform.runtime._observe import Written, notify
 from transform.runtime._statefile import StateDir
 
 __all__ = ["SYNC_ENV", "Job", "StateWriter"]
@@ -156,7 +157,7 @@ class StateWriter:
         if self.error is not None:
             return  # reported already; nothing after a failed state is written
         try:
-            self.state_dir.write(job.header, job.data, job.blobs, hook=job.hook)
+            written = self.state_dir.write(job.header, job.data, job.blobs, hook=job.hook)
         except Exception as exc:
             self.error = (f"cannot write the resume state in {self.state_dir.directory}: "
                           f"{type(exc).__name__}: {exc}; free space or set ECRL_CKPT_DIR to a "
@@ -164,3 +165,4 @@ class StateWriter:
                           "last state written)")
         else:
             self.written = job.number
+            notify(Written(number=job.number, bytes=written))

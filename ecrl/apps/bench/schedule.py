@@ -40,7 +40,7 @@ def _program(lines: int) -> str:
 
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     from transform import schedule as s
-    from transform.testing.naive import naive_budget
+    from transform._testing.naive import naive_budget
 
     rng = np.random.default_rng(0)
     rows: list[BenchRow] = []

@@ -3,7 +3,7 @@
 * Steady-state seconds per training step of the original, of the program written with the
   scheduled hints (the fixture's ``checkpoint_params``), and of the one where every hint is a
   checkpoint (``--all-hints``). Each program runs as its own process (timed from the end of its
-  imports, see :mod:`transform.testing.drive`) with two epoch counts; the per-step time is the
+  imports, see :mod:`transform._testing.drive`) with two epoch counts; the per-step time is the
   difference divided by the difference in steps, so start-up and set-up cancel. Programs are
   interleaved within each repeat and the fastest run of each point counts.
 * Bytes written per checkpoint (the resume state, killed right after a save) against
@@ -11,9 +11,13 @@
   original program.
 * Saving unchanged values once: for ``fixtures/programs/min-char-rnn`` (1 MB of text held as
   data) and ``fixtures/programs/mnist-like`` (about 6 MB of images in a DataLoader), transformed
-  with every hint a checkpoint, the bytes written per checkpoint (counted at the runtime's atomic
-  writes) and the seconds per step, with blobs saved once while unchanged (the default) against
-  every value in every checkpoint (``ECRL_TRANSFORM_DEDUP=0``), and against the original program.
+  with every hint a checkpoint, the bytes written per checkpoint (reported by the runtime's
+  :func:`transform.runtime.observe`) and the seconds per step, with blobs saved once while
+  unchanged (the default) against every value in every checkpoint (``ECRL_TRANSFORM_DEDUP=0``),
+  and against the original program.
+
+The programs are installed with this package (``programs/<case>.py.txt``, copies of the
+fixtures' ``input.py``), so the benchmark runs from a wheel as from the source tree.
 
 Target: with the scheduled hints the program's training time is within the allowance ``o`` it
 was given (``1 + o`` times the original's), judged on whole runs of the longer variant; the
@@ -28,12 +32,13 @@ import re
 import subprocess
 import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 
+import transform
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
 
-CORPUS = Path(__file__).resolve().parents[3] / "fixtures" / "programs"
-FIXTURE = CORPUS / "torch-train"
+FIXTURE = "torch-train"
 DEDUP_FIXTURES = ("min-char-rnn", "mnist-like")
 STEPS_PER_EPOCH = 32
 
@@ -56,14 +61,10 @@ runpy.run_path(src, run_name="__main__")
 
 
 _SAVE_TIMER = """
-import runpy, statistics, sys, time
+import runpy, statistics, sys
 import transform.runtime as runtime
-save, seconds = runtime.Activation._save, []
-def timed(self, *args):
-    start = time.perf_counter()
-    save(self, *args)
-    seconds.append(time.perf_counter() - start)
-runtime.Activation._save = timed
+seconds = []
+runtime.observe(lambda e: seconds.append(e.seconds) if isinstance(e, runtime.Saved) else None)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 print("SAVES", len(seconds), statistics.median(seconds), file=sys.stderr)
@@ -72,22 +73,28 @@ print("SAVES", len(seconds), statistics.median(seconds), file=sys.stderr)
 
 _BYTE_COUNTER = """
 import runpy, sys
-import transform.runtime._statefile as statefile
-write, counted = statefile.atomic_write_bytes, [0, 0]
-def counting(path, data, **kwargs):
-    counted[0] += len(data)
-    counted[1] += path.name == statefile.STATE_FILE
-    write(path, data, **kwargs)
-statefile.atomic_write_bytes = counting
+import transform.runtime as runtime
+counted = [0, 0]
+def count(event):
+    if isinstance(event, runtime.Written):
+        counted[0] += event.bytes
+        counted[1] += 1
+runtime.observe(count)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 print("WRITTEN", counted[0], counted[1], file=sys.stderr)
 """
 
 
+def _source(case: str) -> str:
+    """A fixture program, from the package's data (``programs/<case>.py.txt``)."""
+    return resources.files(__package__).joinpath("programs", f"{case}.py.txt").read_text(
+        encoding="utf-8")
+
+
 def _variant(root: Path, epochs: int) -> Path:
     """The fixture with another epoch count (and the matching ``_iterations``)."""
-    source = (FIXTURE / "input.py").read_text()
+    source = _source(FIXTURE)
     source = source.replace("_iterations: 5\n", f"_iterations: {epochs}\n")
     source = source.replace("epochs=5)", f"epochs={epochs})")
     path = root / f"original_{epochs}.py"
@@ -107,13 +114,14 @@ def _env(ckpt: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["ECRL_CKPT_DIR"] = str(ckpt)
     env.pop("ECRL_TRANSFORM_KILL_AT", None)
-    root = str(Path(__file__).resolve().parents[3])
+    # The programs import the transform this process runs (installed, or a source tree).
+    root = str(Path(transform.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
 
 def _work_seconds(program: Path, ckpt: Path, extra: dict[str, str] | None = None) -> float:
-    from transform.testing.drive import DrivenRun
+    from transform._testing.drive import DrivenRun
 
     run = DrivenRun(program, program.parent, {**_env(ckpt), **(extra or {})})
     run.wait_ready(300)
@@ -241,7 +249,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                f"({STEPS_PER_EPOCH} steps each), fastest of {repeats} interleaved run(s) per "
                "point",
                "each step sleeps 15 ms for the work of a bigger model; times are from the end "
-               "of imports (transform.testing.drive)",
+               "of imports (transform._testing.drive)",
                f"saving unchanged values once: fixtures {', '.join(DEDUP_FIXTURES)} with "
                "--all-hints, fastest of the repeats; bytes counted at the runtime's atomic writes "
                "(resume.ckpt and blobs)"])
@@ -280,7 +288,7 @@ def _dedup_rows(root: Path, repeats: int, progress: Progress) -> tuple[list[Benc
         where = root / name
         where.mkdir()
         original = where / "original.py"
-        original.write_text((CORPUS / name / "input.py").read_text())
+        original.write_text(_source(name))
         program = _transform(original, where / "all.py", "--all-hints")
         modes = {"once": "1", "every": "0"}
         written: dict[str, tuple[int, int]] = {}

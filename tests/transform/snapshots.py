@@ -1,4 +1,4 @@
-"""``python -m transform.testing.snapshots [--update]``: the code written for every fixture, pinned.
+"""``python tests/transform/snapshots.py [--update]``: the code written for every fixture, pinned.
 
 For each ``fixtures/programs/<case>/input.py`` the program is transformed exactly as
 ``ecrl-transform input.py -o OUT ARGS`` would (``ARGS``: ``transform_args`` of the case's
@@ -46,7 +46,7 @@ def generated_for(case: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m transform.testing.snapshots",
+    parser = argparse.ArgumentParser(prog="python tests/transform/snapshots.py",
                                      description="Check (or --update) the generated code "
                                      "pinned for each program fixture.")
     parser.add_argument("--update", action="store_true", help="rewrite stale snapshots")
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in stale:
         print(f"{verb}: {name}/{SNAPSHOT}")
     if stale and not args.update:
-        print("run `python -m transform.testing.snapshots --update` and review the diff",
+        print("run `python tests/transform/snapshots.py --update` and review the diff",
               file=sys.stderr)
         return 1
     return 0
