@@ -11,6 +11,7 @@ extra that installs what they need.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -19,14 +20,28 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bare_install_jobs import run_jobs
 
 from ecrl.contract.extras import EXTRAS
-from transform.testing.snapshots import SNAPSHOT, arguments, cases
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_snapshots() -> Any:
+    """tests/transform/snapshots.py, the transform fixtures' own pin (a test helper, no package)."""
+    spec = importlib.util.spec_from_file_location("snapshots",
+                                                  ROOT / "tests" / "transform" / "snapshots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_snapshots = _load_snapshots()
+SNAPSHOT, arguments, cases = _snapshots.SNAPSHOT, _snapshots.arguments, _snapshots.cases
 RUNS = ROOT / "fixtures" / "runs"
 PROJECT = ("pyproject.toml", "README.md", "ecrl", "verifier", "transform")
 """What ``pip install`` reads: copied, so that the build leaves nothing in the source tree."""
