@@ -680,7 +680,8 @@ class Supervisor:
                            fired=read_fired(self.paths, attempt),
                            fatal=read_fatal(self.paths, attempt), status="failed")
         ending = read_ending(self.paths, attempt, world)
-        if code == 0 and last == target - 1:
+        # Read again: `ecrl launch` learns the target only once the script wrote run.json.
+        if code == 0 and last == self.manifest.target_steps - 1:
             outcome = replace(outcome, status="completed")
         elif self._stop is not None:
             outcome = replace(outcome, status="stopped")
