@@ -33,11 +33,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import (
     RunManifest,
@@ -45,6 +43,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
+from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import LAUNCH_KEYS, RunConfig
 from ecrl.runtime.supervision.supervisor import LOCK_FILE, Supervisor
 
@@ -224,14 +223,10 @@ class LaunchSupervisor(Supervisor):
         if self.paths.manifest.exists():
             self.manifest = replace(read_json_record(self.paths.manifest, RunManifest), **ours)
             return
-        ours.update(strategy=c.strategy, ckpt_every=c.effective_ckpt_every)
-        self.manifest = RunManifest(
-            seed=0, dataset={"name": "(set by the script)", "size": 1}, global_batch=1,
-            steps_per_epoch=1, target_steps=0,
-            permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
-                         "version": semantics.PERMUTATION_VERSION},
-            log_ids=False, model="(set by the script)",
-            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **ours)
+        self.manifest = build_manifest(
+            seed=0, dataset="(set by the script)", dataset_size=1, global_batch=1,
+            steps_per_epoch=1, target_steps=0, log_ids=False, model="(set by the script)",
+            strategy=c.strategy, ckpt_every=c.effective_ckpt_every, **ours)
 
     # --- attempts --------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -33,12 +32,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from ecrl import __version__
 from ecrl.contract import semantics
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, RunFormatError
@@ -68,6 +65,7 @@ from ecrl.runtime.failure import (
     remaining,
 )
 from ecrl.runtime.launchenv import AttemptEnv
+from ecrl.runtime.manifest import RUN_FIELDS, build_manifest, check_same_run
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.supervision.standby import Standby
 
@@ -77,13 +75,6 @@ __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_STOPPED", "Supervisor", "plan_manifes
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 TORCHRUN_LOG = "torchrun.log"
 LOCK_FILE = ".supervisor.lock"
-# Not "strategy": a run may continue with another one (every strategy loads every checkpoint
-# format; each checkpoint event names the strategy that wrote it).
-_SEMANTIC_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps",
-                    "permutation", "log_ids", "ckpt_every", "fail_at", "world_sizes", "model")
-_DEFINING_SETTINGS = ("image_size", "lr")
-_FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
-            "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)"}
 
 
 def _check_out(given: str, root: Path) -> None:
@@ -138,10 +129,6 @@ def _describe_ending(ending: Ending) -> str:
     return "; ".join(parts)
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _dataset_size(config: RunConfig) -> int:
     if config.dataset == "fake":
         return config.fake_size()
@@ -156,36 +143,14 @@ def _dataset_size(config: RunConfig) -> int:
 def plan_manifest(config: RunConfig) -> RunManifest:
     """The ``run.json`` this configuration describes (reads the data set to learn D)."""
     size = _dataset_size(config)
-    geometry = config.geometry(size)
-    return RunManifest(
-        seed=config.seed, dataset={"name": config.dataset, "size": size},
-        global_batch=config.global_batch, steps_per_epoch=geometry.steps_per_epoch,
-        target_steps=config.target_steps(size),
-        permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
-                     "version": semantics.PERMUTATION_VERSION},
-        log_ids=config.log_ids, strategy=config.strategy,
-        ckpt_every=config.effective_ckpt_every, fail_at=sorted(set(config.fail_at)),
-        world_sizes=list(config.world_sizes), model=config.model, created=_now_iso(),
-        extra={"config": config.to_dict(), "ecrl_version": __version__},
-    )
-
-
-def _check_same_run(existing: RunManifest, planned: RunManifest, out: Path) -> None:
-    old, new = existing.to_dict(), planned.to_dict()
-    # Settings kept only in the stored configuration that still define what is trained: another
-    # image size changes the model's input (and the tiny CNN's shape), another lr the updates.
-    old_config, new_config = existing.extra.get("config", {}), planned.extra.get("config", {})
-    for key in _DEFINING_SETTINGS:
-        if key in old_config:
-            old[key], new[key] = old_config[key], new_config.get(key)
-    for key in (*_SEMANTIC_FIELDS, *_DEFINING_SETTINGS):
-        if old.get(key) != new.get(key):
-            flag = _FLAG_OF.get(key, "--" + key.replace("_", "-"))
-            raise ConfigError(
-                f"{out} already holds a run with {key} {json.dumps(old.get(key))}, not "
-                f"{json.dumps(new.get(key))} ({flag}): resume it with its own settings or use "
-                "a new --out"
-            )
+    return build_manifest(
+        seed=config.seed, dataset=config.dataset, dataset_size=size,
+        global_batch=config.global_batch,
+        steps_per_epoch=config.geometry(size).steps_per_epoch,
+        target_steps=config.target_steps(size), log_ids=config.log_ids, model=config.model,
+        strategy=config.strategy, ckpt_every=config.effective_ckpt_every,
+        fail_at=config.fail_at, world_sizes=config.world_sizes,
+        extra={"config": config.to_dict()})
 
 
 @dataclass(slots=True)
@@ -354,7 +319,9 @@ class Supervisor:
             given = {k: v for k, v in self.config.to_dict().items() if k in self.config.explicit}
             self.config = RunConfig.from_dict({**stored, **given, "out": str(root)},
                                               explicit=self.config.explicit)
-            _check_same_run(existing, plan_manifest(self.config), root)
+            check_same_run(existing, plan_manifest(self.config), where=self.paths.manifest,
+                           fields=RUN_FIELDS, planned_by="the settings given have",
+                           fresh="a new --out")
             self._take_lock()
             state = (read_json_record(self.paths.supervisor, SupervisorState)
                      if self.paths.supervisor.exists()
