@@ -13,6 +13,7 @@ from ecrl.contract.runformat import LatestPointer, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
            "start_torchrun"]
@@ -22,10 +23,10 @@ TRAINER = ("-m", "ecrl.runtime.trainer.trainer")
 """What ``ecrl run`` has torchrun run on every rank."""
 
 
-def torchrun_command(config: RunConfig, paths: RunPaths, attempt: int, world: int,
+def torchrun_command(settings: SupervisorSettings, paths: RunPaths, attempt: int, world: int,
                      program: Sequence[str]) -> list[str]:
     """``python -m torch.distributed.run … PROGRAM`` for ``attempt`` at world size ``world``."""
-    c = config
+    c = settings
     if c.nnodes == 1 and not c.rdzv_endpoint:
         # --standalone: a private rendezvous on a free port, so parallel runs never collide.
         launch = ["--standalone", "--nnodes", "1"]
@@ -59,10 +60,11 @@ def attempt_env(config: RunConfig, paths: RunPaths, attempt: int, pointer: Lates
         checkpoint=config.checkpoint_given, world_sizes=tuple(world_sizes), deadline=deadline)
 
 
-def environment(config: RunConfig, world: int, variables: Mapping[str, str]) -> dict[str, str]:
+def environment(trainer: TrainerSettings, ranks_per_node: int,
+                variables: Mapping[str, str]) -> dict[str, str]:
     """torchrun's environment: ours, plus the attempt's ``variables`` and deterministic math."""
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(config.threads_per_rank(world // config.nnodes)))
+    env.setdefault("OMP_NUM_THREADS", str(trainer.threads_per_rank(ranks_per_node)))
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     env["PYTHONUNBUFFERED"] = "1"
     env.update(variables)

@@ -202,7 +202,8 @@ class Supervisor:
             restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
     def _command(self, attempt: int, world: int) -> list[str]:
-        return command.torchrun_command(self.config, self.paths, attempt, world, self.program)
+        return command.torchrun_command(self.config.supervisor, self.paths, attempt, world,
+                                        self.program)
 
     def _attempt_env(self, attempt: int, pointer: LatestPointer | None,
                      fail_at: list[int]) -> AttemptEnv:
@@ -214,8 +215,8 @@ class Supervisor:
 
     def _start_torchrun(self, attempt: int, world: int, variables: Mapping[str, str],
                         log_path: Path) -> subprocess.Popen[bytes]:
-        return command.start_torchrun(self._command(attempt, world),
-                                      command.environment(self.config, world, variables), log_path)
+        env = command.environment(self.config.trainer, world // self.config.nnodes, variables)
+        return command.start_torchrun(self._command(attempt, world), env, log_path)
 
     def _standby_enabled(self) -> bool:
         return self.config.warm_standby and self.config.nnodes == 1
