@@ -74,9 +74,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config.strategy not in BUILT_STRATEGIES:
         return _not_built(f"run --strategy {config.strategy}",
                           f"use {', '.join(BUILT_STRATEGIES[:-1])} or {BUILT_STRATEGIES[-1]}")
+    from ecrl.apps.console import Console
     from ecrl.runtime.supervision.supervisor import Supervisor
 
-    return Supervisor(config).run()
+    return Supervisor(config, reporter=Console()).run()
 
 
 def _add_launch_flags(p: argparse.ArgumentParser) -> None:
@@ -102,6 +103,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     require("torch")  # torchrun runs in this interpreter
     import time
 
+    from ecrl.apps.console import Console
     from ecrl.runtime.runconfig import LAUNCH_KEYS
     from ecrl.runtime.supervision.launcher import launch_config, normalize_program, run_launch
 
@@ -113,7 +115,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                               "(one per attempt), not both")
         flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
     config = launch_config(flags, default_out=time.strftime("runs/launch-%Y%m%d-%H%M%S"))
-    return run_launch(config, normalize_program(args.program), node_rank=args.node_rank)
+    return run_launch(config, normalize_program(args.program), node_rank=args.node_rank,
+                      reporter=Console())
 
 
 def _cmd_selfcheck(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ecrl.apps.console import Console
 from ecrl.contract.errors import ConfigError, RunFormatError
 from ecrl.contract.runformat import RunManifest, read_json_record
 from ecrl.runtime.runconfig import RunConfig
@@ -49,7 +50,7 @@ def run_demo(*, out: str = "demo-run") -> int:
     print("ecrl demo: 2-rank DDP run of the tiny CNN on generated data, overlapped checkpoints "
           "every 20 steps,\n  failures injected after steps 35 and 85, the last attempt at "
           f"world size 1 (2→1); writing {root}/", flush=True)
-    code = Supervisor(config, marker=dict(DEMO_MARKER)).run()
+    code = Supervisor(config, reporter=Console(), marker=dict(DEMO_MARKER)).run()
     if code != EXIT_OK:
         return code
     from verifier import render_text, verify

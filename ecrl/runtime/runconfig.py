@@ -24,7 +24,21 @@ from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.contract.strategies import describe
 from ecrl.runtime.checkpoint.registry import REGISTRY, built_strategies, strategy_names
-from ecrl.runtime.settings import DEFAULTS, CheckpointSettings, checkpoint_fields, field_docs
+from ecrl.runtime.settings import (
+    DATASETS,
+    DEFAULT_FAKE_SIZE,
+    DEFAULT_STEPS,
+    DEFAULTS,
+    MODELS,
+    SUPERVISOR_DEFAULTS,
+    TRAINER_DEFAULTS,
+    CheckpointSettings,
+    SupervisorSettings,
+    TrainerSettings,
+    checkpoint_fields,
+    field_docs,
+    section_fields,
+)
 
 __all__ = [
     "RunFlag",
@@ -35,6 +49,8 @@ __all__ = [
     "BUILT_STRATEGIES",
     "MODELS",
     "DATASETS",
+    "DEFAULT_FAKE_SIZE",
+    "DEFAULT_STEPS",
     "RunConfig",
     "load_config",
     "parse_int_list",
@@ -44,9 +60,6 @@ STRATEGIES = strategy_names()
 """Every strategy ``--strategy`` accepts (from :mod:`ecrl.runtime.checkpoint.registry`)."""
 BUILT_STRATEGIES = built_strategies()
 """The strategies a run can use today (from :mod:`ecrl.runtime.checkpoint.registry`)."""
-MODELS = ("tiny-cnn", "resnet18", "resnet50")
-DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
-DEFAULT_FAKE_SIZE = 4096
 _KINDS: dict[str, type | tuple[type, ...]] = {
     **dict.fromkeys(("out", "dataset", "model", "strategy", "data_dir", "deadline", "rdzv_backend",
                      "rdzv_endpoint", "rdzv_id", "rdzv_conf"), str),
@@ -59,7 +72,6 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
 _KIND_NAMES: dict[type | tuple[type, ...], str] = {
     str: "a string", bool: "true or false", (int, float): "a number",
 }
-DEFAULT_STEPS = 200
 MAX_INT = (1 << 63) - 1
 """Every integer setting fits a signed 64-bit integer: what run.json's readers (and the
 contract's step arithmetic) accept."""
@@ -96,64 +108,39 @@ class RunConfig:
     # optional "METAVAR: " prefix; ``name`` in a docstring is shown as the flag --name.
     out: str
     """DIR: run directory; created, or resumed when it already holds a run."""
-    world_sizes: tuple[int, ...] = (1,)
-    """W0,W1,…: world size of attempt 0, 1, …; the last one repeats."""
-    dataset: str = "fake"
-    """NAME: fake (generated), cifar10, cifar100 or imagefolder."""
-    data_dir: str | None = None
-    """DIR: dataset root for cifar10, cifar100 and imagefolder."""
-    dataset_size: int | None = None
-    """D: samples of the fake dataset (default 4096); other datasets have their own size."""
-    model: str = "tiny-cnn"
-    """NAME: tiny-cnn, resnet18 or resnet50."""
-    global_batch: int = 32
-    """B: samples per step over all ranks; constant for the whole run."""
-    steps: int | None = None
-    """T: committed steps to reach (default 200 unless ``epochs`` is given)."""
-    epochs: int | None = None
-    """E: alternative to ``steps``: this many epochs of S = D // B steps."""
-    # The checkpoint settings: docs, defaults and checks in CheckpointSettings (settings.py).
+    # The sections' settings, in flag order: docs, defaults and checks in the sections
+    # (settings.py): TrainerSettings (T), SupervisorSettings (S), CheckpointSettings (C).
+    world_sizes: tuple[int, ...] = SUPERVISOR_DEFAULTS.world_sizes
+    dataset: str = TRAINER_DEFAULTS.dataset
+    data_dir: str | None = TRAINER_DEFAULTS.data_dir
+    dataset_size: int | None = TRAINER_DEFAULTS.dataset_size
+    model: str = TRAINER_DEFAULTS.model
+    global_batch: int = TRAINER_DEFAULTS.global_batch
+    steps: int | None = TRAINER_DEFAULTS.steps
+    epochs: int | None = TRAINER_DEFAULTS.epochs
     ckpt_every: int = DEFAULTS.ckpt_every
     strategy: str = DEFAULTS.strategy
     max_inflight: int = DEFAULTS.max_inflight
-    fail_at: tuple[int, ...] = ()
-    """STEPS: global steps after which a failure is injected, each once over the whole run."""
-    fail_rank: int = 0
-    """R: rank that exits with code 137 at an injected failure."""
-    seed: int = 0
-    """Seed of the sample order, the model initialisation and every RNG."""
-    log_ids: bool = False
-    """Log every sample ID in the step records, not only count and hash."""
-    max_restarts: int | None = None
-    """N: relaunches allowed after failures in one ecrl run (default: injected failures + 3)."""
-    deadline: str | None = None
-    """TIME: commit a final checkpoint and stop before this time: a duration (90s, 15m, 1h30m), a
-    time (18:00, 2026-11-23T18:00:00Z) or @UNIX seconds (default: SLURM_JOB_END_TIME when set)."""
+    fail_at: tuple[int, ...] = SUPERVISOR_DEFAULTS.fail_at
+    fail_rank: int = SUPERVISOR_DEFAULTS.fail_rank
+    seed: int = TRAINER_DEFAULTS.seed
+    log_ids: bool = TRAINER_DEFAULTS.log_ids
+    max_restarts: int | None = SUPERVISOR_DEFAULTS.max_restarts
+    deadline: str | None = SUPERVISOR_DEFAULTS.deadline
     deadline_k_step: float = DEFAULTS.deadline_k_step
     deadline_k_ckpt: float = DEFAULTS.deadline_k_ckpt
     hang_timeout_s: float | None = DEFAULTS.hang_timeout_s
     keep_checkpoints: int = DEFAULTS.keep_checkpoints
-    lr: float = 0.05
-    """Peak learning rate of SGD (momentum 0.9) under cosine decay over the run."""
-    image_size: int = 32
-    """PX: side of the (square) input images for fake and imagefolder data."""
-    threads: int | None = None
-    """N: torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
-    warm_standby: bool = False
-    """Start the next attempt's torchrun while this one trains, so that a restart skips the
-    launch, the rendezvous and the imports (single node; costs the memory of idle ranks)."""
-    collective_timeout_s: float = 60.0
-    """S: timeout of every collective: how long a hung (not dead) peer can stall the job."""
-    nnodes: int = 1
-    """N: torchrun --nnodes; with more than one node, pass the rendezvous options too."""
-    rdzv_backend: str | None = None
-    """NAME: torchrun --rdzv-backend (multi-node)."""
-    rdzv_endpoint: str | None = None
-    """HOST:PORT: torchrun --rdzv-endpoint (multi-node)."""
-    rdzv_id: str | None = None
-    """ID: torchrun --rdzv-id (multi-node)."""
-    rdzv_conf: str | None = None
-    """K=V,…: torchrun --rdzv-conf (multi-node)."""
+    lr: float = TRAINER_DEFAULTS.lr
+    image_size: int = TRAINER_DEFAULTS.image_size
+    threads: int | None = TRAINER_DEFAULTS.threads
+    warm_standby: bool = SUPERVISOR_DEFAULTS.warm_standby
+    collective_timeout_s: float = SUPERVISOR_DEFAULTS.collective_timeout_s
+    nnodes: int = SUPERVISOR_DEFAULTS.nnodes
+    rdzv_backend: str | None = SUPERVISOR_DEFAULTS.rdzv_backend
+    rdzv_endpoint: str | None = SUPERVISOR_DEFAULTS.rdzv_endpoint
+    rdzv_id: str | None = SUPERVISOR_DEFAULTS.rdzv_id
+    rdzv_conf: str | None = SUPERVISOR_DEFAULTS.rdzv_conf
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
     """Names of the fields the user set (flag or config file), for resume checks."""
 
@@ -175,54 +162,15 @@ class RunConfig:
                 raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
         if not self.out:
             raise bad("out", "must name a directory")
-        self.checkpoint  # noqa: B018 - validates the checkpoint settings
-        if self.model not in MODELS:
-            raise bad("model", f"{self.model!r} is unknown: choose one of {', '.join(MODELS)}")
-        if self.dataset not in DATASETS:
-            raise bad("dataset", f"{self.dataset!r} is unknown: choose one of "
-                                 f"{', '.join(DATASETS)}")
-        if self.dataset == "fake":
-            if self.data_dir is not None:
-                raise bad("data-dir", "is only for cifar10, cifar100 and imagefolder")
-        elif self.dataset_size is not None:
-            raise bad("dataset-size", f"is only for the fake dataset ({self.dataset} has its "
-                                      "own size)")
-        for name, low in (("global_batch", 1), ("image_size", 4), ("nnodes", 1),
-                          ("fail_rank", 0), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise bad(name.replace("_", "-"), f"must be an integer >= {low}, got {value!r}")
-        if self.seed > semantics.MAX_SEED:
-            raise bad("seed", f"must be at most {semantics.MAX_SEED}")
-        for name in ("dataset_size", "steps", "epochs", "threads", "max_restarts"):
-            value = getattr(self, name)
-            low = 0 if name == "max_restarts" else 1
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < low):
-                raise bad(name.replace("_", "-"), f"must be an integer >= {low}, got {value!r}")
-        if self.steps is not None and self.epochs is not None:
-            raise ConfigError("give --steps or --epochs, not both")
-        if not self.world_sizes or any(w < 1 for w in self.world_sizes):
-            raise bad("world-sizes", f"must be positive integers, got {self.world_sizes}")
+        # Each section checks its own settings; what ties sections together is checked here.
+        self.checkpoint  # noqa: B018
+        self.trainer  # noqa: B018
+        self.supervisor  # noqa: B018
         for w in self.world_sizes:
             try:
                 semantics.local_batch(self.global_batch, w)
             except SemanticsError as exc:
                 raise ConfigError(f"--global-batch/--world-sizes: {exc}") from None
-            if w % self.nnodes:
-                raise ConfigError(f"world size {w} is not divisible by --nnodes {self.nnodes}")
-        if self.fail_rank >= min(self.world_sizes):
-            raise bad("fail-rank", f"{self.fail_rank} does not exist in an attempt of world "
-                                   f"size {min(self.world_sizes)}")
-        if any(f < 0 for f in self.fail_at):
-            raise bad("fail-at", "steps must be non-negative")
-        if not self.lr > 0:
-            raise bad("lr", f"must be positive, got {self.lr!r}")
-        if not self.collective_timeout_s > 0:
-            raise bad("collective-timeout-s", "must be positive")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
-                              "every node)")
 
     # --- derived values -----------------------------------------------------------------------
 
@@ -230,6 +178,18 @@ class RunConfig:
     def checkpoint(self) -> CheckpointSettings:
         """The checkpoint section of this run (validated)."""
         return CheckpointSettings(**{name: getattr(self, name) for name in checkpoint_fields()})
+
+    @property
+    def trainer(self) -> TrainerSettings:
+        """The trainer section of this run (validated)."""
+        return TrainerSettings(**{name: getattr(self, name)
+                                  for name in section_fields(TrainerSettings)})
+
+    @property
+    def supervisor(self) -> SupervisorSettings:
+        """The supervisor section of this run (validated)."""
+        return SupervisorSettings(**{name: getattr(self, name)
+                                     for name in section_fields(SupervisorSettings)})
 
     @property
     def checkpoint_given(self) -> dict[str, Any]:
@@ -245,20 +205,14 @@ class RunConfig:
 
     @property
     def effective_max_restarts(self) -> int:
-        return self.max_restarts if self.max_restarts is not None else len(self.fail_at) + 3
+        return self.supervisor.effective_max_restarts
 
     def threads_per_rank(self, ranks_per_node: int) -> int:
         """torch CPU threads of each rank: ``threads``, or the usable cores shared out."""
-        if self.threads is not None:
-            return self.threads
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        return max(1, cores // max(1, ranks_per_node))
+        return self.trainer.threads_per_rank(ranks_per_node)
 
     def fake_size(self) -> int:
-        return self.dataset_size if self.dataset_size is not None else DEFAULT_FAKE_SIZE
+        return self.trainer.fake_size()
 
     def geometry(self, dataset_size: int) -> semantics.Geometry:
         try:
@@ -345,7 +299,8 @@ _METAVAR = re.compile(r"^([A-Z][A-Z0-9]*(?:[,:=][A-Z0-9]+)*(?:,…)?): ")
 def run_flags() -> tuple[RunFlag, ...]:
     """The flags of ``ecrl run``, one per RunConfig field, in field order: the single source of
     their names, types and help."""
-    docs = {**field_docs(CheckpointSettings), **field_docs(RunConfig)}
+    docs = {**field_docs(TrainerSettings), **field_docs(SupervisorSettings),
+            **field_docs(CheckpointSettings), **field_docs(RunConfig)}
     names = {f.name for f in fields(RunConfig)}
     flags = []
     for f in fields(RunConfig):

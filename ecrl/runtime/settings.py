@@ -1,4 +1,12 @@
-"""The checkpoint settings: one name, one default and one documented precedence each (torch-free).
+"""The run's settings sections: one name, one default and one documented precedence each
+(torch-free).
+
+A run's settings come in three sections, each handed to the part that uses it (torchtitan
+style): :class:`TrainerSettings` (what the built-in trainer trains), :class:`SupervisorSettings`
+(world sizes, failures, restarts, deadline, standby, rendezvous) and :class:`CheckpointSettings`
+(below). :class:`ecrl.runtime.runconfig.RunConfig` generates the flags from their fields and
+docstrings and gives each section (``.trainer``, ``.supervisor``, ``.checkpoint``); what ties the
+sections together (``B % W`` for every world size) it checks itself.
 
 A setting has one home, :class:`CheckpointSettings`: its field name is the flag (``ckpt_every`` is
 ``--ckpt-every``), the TOML key, the environment variable the supervisor sets for the ranks
@@ -25,16 +33,20 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint.registry import strategy_names
 
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
-           "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields"]
+           "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
+           "TrainerSettings", "SupervisorSettings", "TRAINER_DEFAULTS", "SUPERVISOR_DEFAULTS",
+           "section_fields", "MODELS", "DATASETS"]
 
 SOURCES = ("flag", "script", "default")
 """Where a resolved setting came from: given to the supervisor (a flag or its config file), the
@@ -199,3 +211,157 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(after.value.value, str):
             docs[item.target.id] = " ".join(after.value.value.split())
     return docs
+
+
+MODELS = ("tiny-cnn", "resnet18", "resnet50")
+"""The built-in trainer's models (``--model``)."""
+DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
+"""The built-in trainer's data sets (``--dataset``)."""
+DEFAULT_FAKE_SIZE = 4096
+DEFAULT_STEPS = 200
+
+
+def _check_int(name: str, value: Any, low: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"--{_flag(name)} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerSettings:
+    """What the built-in trainer trains, and how: the trainer section of ``ecrl run``."""
+
+    # Each field is a flag of `ecrl run` (``threads`` also of `ecrl launch`), documented as in
+    # CheckpointSettings.
+    dataset: str = "fake"
+    """NAME: fake (generated), cifar10, cifar100 or imagefolder."""
+    data_dir: str | None = None
+    """DIR: dataset root for cifar10, cifar100 and imagefolder."""
+    dataset_size: int | None = None
+    """D: samples of the fake dataset (default 4096); other datasets have their own size."""
+    model: str = "tiny-cnn"
+    """NAME: tiny-cnn, resnet18 or resnet50."""
+    global_batch: int = 32
+    """B: samples per step over all ranks; constant for the whole run."""
+    steps: int | None = None
+    """T: committed steps to reach (default 200 unless ``epochs`` is given)."""
+    epochs: int | None = None
+    """E: alternative to ``steps``: this many epochs of S = D // B steps."""
+    seed: int = 0
+    """Seed of the sample order, the model initialisation and every RNG."""
+    log_ids: bool = False
+    """Log every sample ID in the step records, not only count and hash."""
+    lr: float = 0.05
+    """Peak learning rate of SGD (momentum 0.9) under cosine decay over the run."""
+    image_size: int = 32
+    """PX: side of the (square) input images for fake and imagefolder data."""
+    threads: int | None = None
+    """N: torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"--model {self.model!r} is unknown: choose one of "
+                              f"{', '.join(MODELS)}")
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"--dataset {self.dataset!r} is unknown: choose one of "
+                              f"{', '.join(DATASETS)}")
+        if self.dataset == "fake":
+            if self.data_dir is not None:
+                raise ConfigError("--data-dir is only for cifar10, cifar100 and imagefolder")
+        elif self.dataset_size is not None:
+            raise ConfigError(f"--dataset-size is only for the fake dataset ({self.dataset} has "
+                              "its own size)")
+        for name, low in (("global_batch", 1), ("image_size", 4), ("seed", 0)):
+            _check_int(name, getattr(self, name), low)
+        if self.seed > semantics.MAX_SEED:
+            raise ConfigError(f"--seed must be at most {semantics.MAX_SEED}")
+        for name in ("dataset_size", "steps", "epochs", "threads"):
+            _check_int(name, getattr(self, name), 1, optional=True)
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError("give --steps or --epochs, not both")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr!r}")
+
+    def fake_size(self) -> int:
+        return self.dataset_size if self.dataset_size is not None else DEFAULT_FAKE_SIZE
+
+    def threads_per_rank(self, ranks_per_node: int) -> int:
+        """torch CPU threads of each rank: ``threads``, or the usable cores shared out."""
+        if self.threads is not None:
+            return self.threads
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        return max(1, cores // max(1, ranks_per_node))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SupervisorSettings:
+    """How the supervisor launches, fails and relaunches the attempts: the supervisor section of
+    ``ecrl run`` and ``ecrl launch``."""
+
+    # Each field is a flag of `ecrl run` and `ecrl launch`, documented as in CheckpointSettings.
+    world_sizes: tuple[int, ...] = (1,)
+    """W0,W1,…: world size of attempt 0, 1, …; the last one repeats."""
+    fail_at: tuple[int, ...] = ()
+    """STEPS: global steps after which a failure is injected, each once over the whole run."""
+    fail_rank: int = 0
+    """R: rank that exits with code 137 at an injected failure."""
+    max_restarts: int | None = None
+    """N: relaunches allowed after failures in one ecrl run (default: injected failures + 3)."""
+    deadline: str | None = None
+    """TIME: commit a final checkpoint and stop before this time: a duration (90s, 15m, 1h30m), a
+    time (18:00, 2026-11-23T18:00:00Z) or @UNIX seconds (default: SLURM_JOB_END_TIME when set)."""
+    warm_standby: bool = False
+    """Start the next attempt's torchrun while this one trains, so that a restart skips the
+    launch, the rendezvous and the imports (single node; costs the memory of idle ranks)."""
+    collective_timeout_s: float = 60.0
+    """S: timeout of every collective: how long a hung (not dead) peer can stall the job."""
+    nnodes: int = 1
+    """N: torchrun --nnodes; with more than one node, pass the rendezvous options too."""
+    rdzv_backend: str | None = None
+    """NAME: torchrun --rdzv-backend (multi-node)."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT: torchrun --rdzv-endpoint (multi-node)."""
+    rdzv_id: str | None = None
+    """ID: torchrun --rdzv-id (multi-node)."""
+    rdzv_conf: str | None = None
+    """K=V,…: torchrun --rdzv-conf (multi-node)."""
+
+    def __post_init__(self) -> None:
+        _check_int("nnodes", self.nnodes, 1)
+        _check_int("fail_rank", self.fail_rank, 0)
+        _check_int("max_restarts", self.max_restarts, 0, optional=True)
+        if not self.world_sizes or any(w < 1 for w in self.world_sizes):
+            raise ConfigError(f"--world-sizes must be positive integers, got {self.world_sizes}")
+        for w in self.world_sizes:
+            if w % self.nnodes:
+                raise ConfigError(f"world size {w} is not divisible by --nnodes {self.nnodes}")
+        if self.fail_rank >= min(self.world_sizes):
+            raise ConfigError(f"--fail-rank {self.fail_rank} does not exist in an attempt of "
+                              f"world size {min(self.world_sizes)}")
+        if any(f < 0 for f in self.fail_at):
+            raise ConfigError("--fail-at steps must be non-negative")
+        if not self.collective_timeout_s > 0:
+            raise ConfigError("--collective-timeout-s must be positive")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
+                              "every node)")
+
+    @property
+    def effective_max_restarts(self) -> int:
+        return self.max_restarts if self.max_restarts is not None else len(self.fail_at) + 3
+
+
+@functools.cache
+def section_fields(cls: type) -> tuple[str, ...]:
+    """The names of a settings section's fields, in their order."""
+    return tuple(f.name for f in fields(cls))
+
+
+TRAINER_DEFAULTS = TrainerSettings()
+"""Every trainer setting at its default."""
+SUPERVISOR_DEFAULTS = SupervisorSettings()
+"""Every supervisor setting at its default."""

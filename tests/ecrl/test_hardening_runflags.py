@@ -22,8 +22,9 @@ def _docs(module: object, name: str) -> dict[str, str]:
 
 
 def test_every_flag_help_is_its_fields_docstring() -> None:
-    # The checkpoint settings are documented once, in their own section (settings.py).
-    docs = {**_docs(runconfig, "RunConfig"), **_docs(settings, "CheckpointSettings")}
+    # The settings are documented once, in their sections (settings.py).
+    docs = {**_docs(runconfig, "RunConfig"), **_docs(settings, "CheckpointSettings"),
+            **_docs(settings, "TrainerSettings"), **_docs(settings, "SupervisorSettings")}
     by_name = {f.name: f for f in run_flags()}
     assert set(by_name) == set(docs) - {"explicit"}
     assert by_name["global_batch"].metavar == "B"

@@ -45,8 +45,7 @@ def test_bad_programs_are_one_line(argv: list[str], message: str) -> None:
 def _supervisor(out: Path, program: tuple[str, ...], node_rank: int = 0,
                 **flags: object) -> LaunchSupervisor:
     config = launch_config({"out": str(out), **flags}, default_out=str(out))
-    return LaunchSupervisor(config, name="launch", program=program, node_rank=node_rank,
-                            out=lambda line: None)
+    return LaunchSupervisor(config, name="launch", program=program, node_rank=node_rank)
 
 
 def _open(sup: LaunchSupervisor) -> bool:
@@ -108,12 +107,12 @@ def test_a_full_disk_keeps_the_launch_state_file_whole(tmp_path: Path, script: P
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # The launch supervisor writes its per-node state through the same writer as `ecrl run`:
     # ENOSPC leaves the previous version whole and says so, instead of a traceback.
-    from ecrl.runtime.supervision.supervisor import _DiskFull
+    from ecrl.runtime.supervision.rundir import DiskFull
 
     out = tmp_path / "run"
     assert _open(_supervisor(out, (str(script),)))
     before = (out / "supervisor.json").read_text()
     monkeypatch.setenv("ECRL_CRASH_AT", "supervisor:enospc:1")
-    with pytest.raises(_DiskFull, match="no space left on device"):
+    with pytest.raises(DiskFull, match="no space left on device"):
         _open(_supervisor(out, ()))
     assert (out / "supervisor.json").read_text() == before

@@ -11,7 +11,8 @@ import pytest
 @pytest.mark.parametrize("module", [
     "ecrl.runtime.supervision.supervisor", "ecrl.runtime.checkpoint.bgwriter",
     "ecrl.runtime.checkpoint.persist", "ecrl.contract.ckptfile", "ecrl.runtime.failure",
-    "ecrl.runtime.supervision.summary", "ecrl.runtime.runconfig", "ecrl.apps.demo"])
+    "ecrl.runtime.supervision.summary", "ecrl.runtime.runconfig", "ecrl.apps.demo",
+    "ecrl.runtime.supervision.launcher", "ecrl.runtime.manifest", "ecrl.apps.console"])
 def test_no_torch(module: str) -> None:
     code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "print('torch' in sys.modules)")

@@ -129,7 +129,7 @@ def test_bad_values_are_refused_naming_the_flag() -> None:
 
 def _supervisor(out: Path, program: tuple[str, ...], **flags: object) -> LaunchSupervisor:
     config = launch_config({"out": str(out), **flags}, default_out=str(out))
-    return LaunchSupervisor(config, name="launch", program=program, out=lambda line: None)
+    return LaunchSupervisor(config, name="launch", program=program)
 
 
 @pytest.fixture

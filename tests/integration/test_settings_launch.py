@@ -77,3 +77,6 @@ def test_a_flag_given_wins_over_the_script(flag_interval: Run) -> None:
     out = " ".join(flag_interval.stdout.split())
     assert "strategy (the script's, else overlapped) every 5 (flag)" in out
     assert "checkpoint every 5 steps (flag), strategy overlapped (default)" in out
+    # A clean one-attempt launch is complete by itself: no word of a torchrun exit after the
+    # last step (the target was once read before the script had written run.json).
+    assert "the run is complete" not in flag_interval.stderr

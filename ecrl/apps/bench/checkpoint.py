@@ -128,6 +128,7 @@ class _Load:
 
 def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progress,
            world: int = 1) -> RunPaths:
+    from ecrl.apps.console import Console
     from ecrl.runtime.supervision.supervisor import EXIT_OK, Supervisor
 
     out = root / f"{case.model}-{strategy}-{repeat}-w{world}"
@@ -138,7 +139,7 @@ def _train(root: Path, case: _Case, strategy: str, repeat: int, progress: Progre
                        threads=1, seed=0, max_inflight=2)
     progress(f"{case.model}: {case.steps} steps, strategy {strategy}, {world} rank"
              f"{'s' if world > 1 else ''} (run {repeat + 1})")
-    code = Supervisor(config, out=lambda _line: None, err=progress).run()
+    code = Supervisor(config, reporter=Console(out=lambda _line: None, err=progress)).run()
     if code != EXIT_OK:
         raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
     return RunPaths.of(out)

@@ -89,6 +89,7 @@ def _median_step_s(run: Path) -> float:
 
 def _train(root: Path, case: _Case, strategy: str, fail_at: int,
            progress: Progress, *, standby: bool = True) -> _Measured:
+    from ecrl.apps.console import Console
     from ecrl.runtime.supervision.supervisor import EXIT_OK, Supervisor
     from verifier import verify
 
@@ -100,7 +101,7 @@ def _train(root: Path, case: _Case, strategy: str, fail_at: int,
                        fail_at=(fail_at,), fail_rank=1, threads=1, seed=0)
     progress(f"{case.label}: {case.steps} steps, strategy {strategy}, failure after step "
              f"{fail_at}{'' if standby else ', no warm standby'}")
-    code = Supervisor(config, out=lambda _line: None, err=progress).run()
+    code = Supervisor(config, reporter=Console(out=lambda _line: None, err=progress)).run()
     if code != EXIT_OK:
         raise RuntimeError(f"benchmark run {out} failed with exit code {code}")
     result = verify(out).runs[0]

@@ -28,12 +28,10 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import numpy as np
 
-from ecrl import __version__
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.contract.runformat import (
@@ -45,6 +43,7 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime._attempt import Attempt, resolve_attempt
+from ecrl.runtime.manifest import STREAM_FIELDS, build_manifest, check_same_run
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 
 __all__ = ["StepLog"]
@@ -182,16 +181,12 @@ class StepLog:
                 "world_sizes": list(env.world_sizes) or [self.world_size]}
         else:
             settings = {**self._checkpointing, "world_sizes": [self.world_size]}
-        return RunManifest(
-            seed=self.seed, dataset={"name": self.dataset, "size": self.geometry.dataset_size},
-            global_batch=self.geometry.global_batch,
-            steps_per_epoch=self.steps_per_epoch, target_steps=self.steps,
-            permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
-                         "version": semantics.PERMUTATION_VERSION},
-            log_ids=self.log_ids, model=self.model,
-            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            sampler=self.description, extra={"ecrl_version": __version__, **(
-                {} if self.deterministic is None else {"deterministic": self.deterministic})},
+        return build_manifest(
+            seed=self.seed, dataset=self.dataset, dataset_size=self.geometry.dataset_size,
+            global_batch=self.geometry.global_batch, steps_per_epoch=self.steps_per_epoch,
+            target_steps=self.steps, log_ids=self.log_ids, model=self.model,
+            sampler=self.description,
+            extra={} if self.deterministic is None else {"deterministic": self.deterministic},
             **settings)
 
     def ensure_manifest(self) -> RunManifest:
@@ -202,18 +197,9 @@ class StepLog:
         path = self.paths.manifest
         if path.exists():
             existing = read_json_record(path, RunManifest)
-            theirs = existing.sampler or {"kind": "ecrl"}
-            checks = (("dataset size", existing.dataset_size, self.geometry.dataset_size),
-                      ("global batch", existing.global_batch, self.geometry.global_batch),
-                      ("seed", existing.seed, self.seed),
-                      ("steps per epoch", existing.steps_per_epoch, self.steps_per_epoch),
-                      ("target steps", existing.target_steps, self.steps),
-                      ("sampler", theirs.get("kind"), self.description["kind"]))
-            for what, old, new in checks:
-                if old != new:
-                    raise ConfigError(
-                        f"{path} describes a run with {what} {old}, this script has {new}: "
-                        "continue the run with its own settings, or use a new run directory")
+            check_same_run(existing, planned, where=path, fields=STREAM_FIELDS,
+                           planned_by="this script has", fresh="a new run directory",
+                           flags=False)
             self.manifest = existing
         else:
             if self.rank == 0:

@@ -33,11 +33,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import (
     RunManifest,
@@ -45,7 +43,18 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
+from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import LAUNCH_KEYS, RunConfig
+from ecrl.runtime.supervision.events import (
+    Reporter,
+    RunAlreadyComplete,
+    RunCompleted,
+    RunOpened,
+    RunResumed,
+    ScriptEndedShort,
+    Silent,
+)
+from ecrl.runtime.supervision.policy import Outcome
 from ecrl.runtime.supervision.supervisor import LOCK_FILE, Supervisor
 
 __all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_program", "run_launch"]
@@ -189,11 +198,13 @@ class LaunchSupervisor(Supervisor):
                                   self.config.explicit | (old_given & set(LAUNCH_KEYS)))
             self._take_lock()
             if state.status == "completed":
-                self.out(f"ecrl launch: {root} is already complete; nothing to do")
+                self._report(RunAlreadyComplete(command=self.name, root=root,
+                                                target_steps=None))
                 return False
             attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
             self.state = replace(state, attempts=attempts, status="running")
-            self.out(f"ecrl launch: resuming {root} ({len(attempts)} earlier attempts)")
+            self._report(RunResumed(command=self.name, root=root,
+                                    earlier_attempts=len(attempts)))
         else:
             if not self.program:
                 raise ConfigError("ecrl launch: name the script to run, e.g. `ecrl launch --out "
@@ -224,23 +235,15 @@ class LaunchSupervisor(Supervisor):
         if self.paths.manifest.exists():
             self.manifest = replace(read_json_record(self.paths.manifest, RunManifest), **ours)
             return
-        ours.update(strategy=c.strategy, ckpt_every=c.effective_ckpt_every)
-        self.manifest = RunManifest(
-            seed=0, dataset={"name": "(set by the script)", "size": 1}, global_batch=1,
-            steps_per_epoch=1, target_steps=0,
-            permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
-                         "version": semantics.PERMUTATION_VERSION},
-            log_ids=False, model="(set by the script)",
-            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **ours)
+        self.manifest = build_manifest(
+            seed=0, dataset="(set by the script)", dataset_size=1, global_batch=1,
+            steps_per_epoch=1, target_steps=0, log_ids=False, model="(set by the script)",
+            strategy=c.strategy, ckpt_every=c.effective_ckpt_every, **ours)
 
     # --- attempts --------------------------------------------------------------------------------
 
-    def _header(self) -> str:
-        c = self.config
-        node = f" · node {self.node_rank} of {c.nnodes}" if c.nnodes > 1 else ""
-        return (f"ecrl launch: {self.paths.root} · {' '.join(self.program)} · strategy "
-                f"{_shown(c, 'strategy')} every {_shown(c, 'ckpt_every')} · world sizes "
-                f"{','.join(map(str, c.world_sizes))}{node}")
+    def _opened(self) -> RunOpened:
+        return replace(Supervisor._opened(self), node_rank=self.node_rank)
 
     def _launch(self, attempt: int, world: int, pointer: Any, fail_at: list[int]) -> int:
         self._refresh_manifest()
@@ -248,7 +251,7 @@ class LaunchSupervisor(Supervisor):
         self._refresh_manifest()
         return code
 
-    def _attempt(self, pointer: Any) -> Any:
+    def _attempt(self, pointer: Any) -> Outcome:
         outcome = Supervisor._attempt(self, pointer)
         target = self.manifest.target_steps
         if (outcome.status == "failed" and outcome.fatal is None and outcome.fired is None
@@ -257,40 +260,28 @@ class LaunchSupervisor(Supervisor):
             # process that leaves while a peer still talks to it). The training is done, and
             # every node's supervisor sees the same logs: call it complete on all of them,
             # rather than relaunch on one node while the other has finished.
-            self.err(f"[attempt {outcome.attempt}] torchrun exited {outcome.exit_code} after the "
-                     "run's last step was logged by every rank; the run is complete")
             outcome = replace(outcome, status="completed")
             last = replace(self.state.attempts[-1], status="completed")
             self.state = replace(self.state, attempts=[*self.state.attempts[:-1], last])
             self._save()
         return outcome
 
-    def _conclude(self, outcome: Any, relaunches: int) -> int | None:
+    def _conclude(self, outcome: Outcome, relaunches: int) -> int | None:
         if outcome.status == "failed" and outcome.exit_code == 0 and outcome.fatal is None:
             # The script ended normally short of its target: relaunching would do the same.
-            target = self.manifest.target_steps
-            why = ("it wrote no step log (use ecrl.StepLog)" if not self.paths.manifest.exists()
-                   else f"its step log ends at step {outcome.last_step}, run.json's target is "
-                        f"step {target - 1}")
-            self.err(f"ecrl launch: error: the script exited 0 but {why}; ECRL cannot call the "
-                     "run complete")
+            self._report(ScriptEndedShort(wrote_log=self.paths.manifest.exists(),
+                                          last_step=outcome.last_step,
+                                          target_steps=self.manifest.target_steps))
             self._finish("failed")
             return 2
         return Supervisor._conclude(self, outcome, relaunches)
 
-    def _print_summary(self) -> None:
-        if self.node_rank != 0:
-            self.out(f"ecrl launch: node {self.node_rank} done; the run's summary is node 0's "
-                     f"(run directory {self.paths.root})")
+    def _report_completed(self) -> None:
+        if self.node_rank != 0:  # the run's summary is node 0's
+            self._report(RunCompleted(command=self.name, root=self.paths.root, summary=None,
+                                      node_rank=self.node_rank))
             return
-        Supervisor._print_summary(self)
-
-
-def _shown(config: RunConfig, name: str) -> str:
-    """A checkpoint setting as the launch knows it before the script runs: the flag given, or
-    the script's choice with the default behind it."""
-    value = getattr(config, name)
-    return f"{value} (flag)" if name in config.explicit else f"(the script's, else {value})"
+        Supervisor._report_completed(self)
 
 
 def _another_nodes(name: str) -> bool:
@@ -299,10 +290,12 @@ def _another_nodes(name: str) -> bool:
     return name == "logs" or name.startswith(("supervisor", ".supervisor"))
 
 
-def run_launch(config: RunConfig, program: Sequence[str], *, node_rank: int = 0) -> int:
-    """``ecrl launch``: supervise ``program`` (already normalized) until the run ends."""
+def run_launch(config: RunConfig, program: Sequence[str], *, node_rank: int = 0,
+               reporter: Reporter | None = None) -> int:
+    """``ecrl launch``: supervise ``program`` (already normalized) until the run ends, telling
+    ``reporter`` (default: nobody) what happens."""
     if node_rank < 0 or node_rank >= config.nnodes:
         raise ConfigError(f"--node-rank {node_rank} must be in 0..{config.nnodes - 1} "
                           f"(--nnodes {config.nnodes})")
-    return LaunchSupervisor(config, name="launch", program=tuple(program),
-                            node_rank=node_rank).run()
+    return LaunchSupervisor(config, reporter=reporter or Silent(), name="launch",
+                            program=tuple(program), node_rank=node_rank).run()

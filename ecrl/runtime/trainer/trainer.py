@@ -80,6 +80,8 @@ class Trainer:
         self.attempt = attempt
         self.manifest = read_json_record(paths.manifest, RunManifest)
         self.config = RunConfig.from_dict(self.manifest.extra["config"])
+        # Each part gets its section: what to train, how collectives behave, how to checkpoint.
+        self.settings = self.config.trainer
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -87,11 +89,11 @@ class Trainer:
         self.target = self.manifest.target_steps
 
     def _setup_runtime(self) -> None:
-        torch.set_num_threads(self.config.threads_per_rank(self.local_world_size))
+        torch.set_num_threads(self.settings.threads_per_rank(self.local_world_size))
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
-        timeout = timedelta(seconds=self.config.collective_timeout_s)
+        timeout = timedelta(seconds=self.config.supervisor.collective_timeout_s)
         if torch.cuda.is_available():
             self.device = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(self.device)
@@ -103,11 +105,10 @@ class Trainer:
     def run(self) -> int:
         self._setup_runtime()
         m = self.manifest
-        dataset = build_dataset(self.config.dataset,
-                                data_dir=Path(self.config.data_dir)
-                                if self.config.data_dir else None,
-                                size=m.dataset_size if self.config.dataset == "fake" else None,
-                                image_size=self.config.image_size)
+        t = self.settings
+        dataset = build_dataset(t.dataset, data_dir=Path(t.data_dir) if t.data_dir else None,
+                                size=m.dataset_size if t.dataset == "fake" else None,
+                                image_size=t.image_size)
         if len(dataset) != m.dataset_size:
             raise ConfigError(
                 f"the dataset now has {len(dataset)} samples, run.json says "
@@ -115,11 +116,11 @@ class Trainer:
             )
 
         seed_all(m.seed)  # identical initial weights on every rank and attempt
-        model = build_model(self.config.model, num_classes=dataset.num_classes,
-                            side=self.config.image_size).to(self.device)
+        model = build_model(t.model, num_classes=dataset.num_classes,
+                            side=t.image_size).to(self.device)
         ddp = DistributedDataParallel(
             model, device_ids=[self.local_rank] if self.device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=self.config.lr, momentum=0.9,
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=t.lr, momentum=0.9,
                                     weight_decay=5e-4)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.target)
         sampler = GlobalBatchSampler(m.dataset_size, m.global_batch, seed=m.seed,

@@ -1,0 +1,109 @@
+"""The supervisor's side of the run directory: ``--out`` checks, the planned ``run.json``,
+attempts a killed supervisor left behind, and atomic writes that survive a full disk."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ecrl.contract.errors import ConfigError
+from ecrl.contract.runformat import (
+    RunManifest,
+    RunPaths,
+    SupervisorAttempt,
+    SupervisorState,
+    write_json_record,
+)
+from ecrl.runtime.checkpoint.persist import CrashHook
+from ecrl.runtime.failure import disk_error, read_fired
+from ecrl.runtime.manifest import build_manifest
+from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.supervision.progress import attempt_steps
+
+__all__ = ["DiskFull", "check_out", "plan_manifest", "stale_attempt", "fired_in_stale",
+           "write_record"]
+
+
+class DiskFull(Exception):
+    """The supervisor could not write one of its files: no space, quota, read-only."""
+
+
+def check_out(given: str, root: Path) -> None:
+    """--out must be a directory, or creatable: checked before anything is written."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {given} is a file, not a directory: choose a new or empty "
+                          "directory")
+    parent = root
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or _is_pseudo(parent):
+        raise ConfigError(f"--out {given}: {parent} is not a directory ECRL can create files "
+                          "in: choose a writable place")
+
+
+def _is_pseudo(path: Path) -> bool:
+    """A kernel file system (/proc, /sys) where no run directory can be created."""
+    with contextlib.suppress(OSError):
+        return os.statvfs(path).f_blocks == 0
+    return False
+
+
+def _dataset_size(config: RunConfig) -> int:
+    if config.dataset == "fake":
+        return config.fake_size()
+    from ecrl.runtime.trainer.datasets import build_dataset, check_data_dir
+
+    data_dir = Path(config.data_dir) if config.data_dir else None
+    check_data_dir(config.dataset, data_dir)  # before anything slow, with the clear message
+    return len(build_dataset(config.dataset, data_dir=data_dir, size=None,
+                             image_size=config.image_size))
+
+
+def plan_manifest(config: RunConfig) -> RunManifest:
+    """The ``run.json`` this configuration describes (reads the data set to learn D)."""
+    size = _dataset_size(config)
+    return build_manifest(
+        seed=config.seed, dataset=config.dataset, dataset_size=size,
+        global_batch=config.global_batch,
+        steps_per_epoch=config.geometry(size).steps_per_epoch,
+        target_steps=config.target_steps(size), log_ids=config.log_ids, model=config.model,
+        strategy=config.strategy, ckpt_every=config.effective_ckpt_every,
+        fail_at=config.fail_at, world_sizes=config.world_sizes,
+        extra={"config": config.to_dict()})
+
+
+def stale_attempt(paths: RunPaths, a: SupervisorAttempt) -> SupervisorAttempt:
+    """An attempt left 'running' by a supervisor that was killed outright: its torchrun died
+    with it (parent-death signal), so it failed; the logs say how far it got."""
+    first, last = attempt_steps(paths, a.attempt, a.world_size)
+    logs = paths.rank_logs(a.attempt).values()
+    end = max((p.stat().st_mtime for p in logs), default=None)
+    return replace(a, status="failed", first_step=first, last_step=last, end_time=end)
+
+
+def fired_in_stale(paths: RunPaths, state: SupervisorState) -> dict[str, Any]:
+    """``extra`` with the injected failures that attempts left 'running' fired: a supervisor
+    that died (or could not write supervisor.json) before recording them must not make the
+    same failure fire twice."""
+    fired = list(state.extra.get("injected_failures", []))
+    for a in state.attempts:
+        marker = read_fired(paths, a.attempt) if a.status == "running" else None
+        if marker is not None and all(f.get("attempt") != a.attempt for f in fired):
+            fired.append({"attempt": a.attempt, "global_step": marker.global_step,
+                          "rank": marker.rank})
+    return {**state.extra, "injected_failures": fired}
+
+
+def write_record(path: Path, record: Any, crash: CrashHook) -> None:
+    """Atomically replace one of the run's JSON files; a full disk leaves the previous version
+    whole (atomicio) and raises :class:`DiskFull` with the message to show."""
+    try:
+        write_json_record(path, record, hook=crash.for_write("supervisor", path))
+    except OSError as exc:
+        message = disk_error(exc, path)
+        if message is None:
+            raise
+        raise DiskFull(message) from None
