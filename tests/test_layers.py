@@ -22,10 +22,9 @@ _RUNTIME_SHARED = ("ecrl.contract", "ecrl", "ecrl.runtime._attempt", "ecrl.runti
                    "ecrl.runtime.runconfig", "ecrl.runtime.settings")
 ALLOWED = {
     "ecrl/contract": ("ecrl.contract",),
-    # The settings validate strategy names against the checkpoint registry (torch-free), and the
-    # attempt's environment waits on the warm standby's signal.
-    "ecrl/runtime": (*_RUNTIME_SHARED, "ecrl.runtime.checkpoint.registry",
-                     "ecrl.runtime.supervision.standby"),
+    # The settings validate strategy names against the checkpoint registry (torch-free), which
+    # plugins may extend at run time.
+    "ecrl/runtime": (*_RUNTIME_SHARED, "ecrl.runtime.checkpoint.registry"),
     "ecrl/runtime/sampling": (*_RUNTIME_SHARED, "ecrl.runtime.sampling"),
     "ecrl/runtime/checkpoint": (*_RUNTIME_SHARED, "ecrl.runtime.sampling",
                                 "ecrl.runtime.checkpoint"),

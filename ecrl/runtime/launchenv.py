@@ -13,22 +13,54 @@ The checkpoint settings travel under their own names (``ECRL_CKPT_EVERY``, ``ECR
 the fields of :class:`ecrl.runtime.settings.CheckpointSettings`), and only those the user gave the
 supervisor: an absent variable means "not given", so the script's own Checkpointer argument, or
 else the default, applies (:func:`ecrl.runtime.settings.resolve_checkpoint`).
+
+A warm standby's ranks (:mod:`ecrl.runtime.supervision.standby`) are started before their attempt
+is decided: they find :data:`GO_VARIABLE` instead, and :func:`await_go` waits for the go file that
+carries the attempt's variables.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.settings import CheckpointSettings, checkpoint_fields
-from ecrl.runtime.supervision.standby import GO_VARIABLE, await_go
 
-__all__ = ["PREFIX", "AttemptEnv"]
+__all__ = ["PREFIX", "GO_VARIABLE", "AttemptEnv", "await_go"]
 
 PREFIX = "ECRL_"
+GO_VARIABLE = "ECRL_STANDBY_GO"
+"""Set (to the go file's path) in a standby rank's environment instead of the attempt's."""
+_POLL_S = 0.005
+
+
+def await_go(path: str, *, environ: dict[str, str] | None = None) -> None:
+    """In a standby rank: wait for the go file, then take its variables into the environment.
+
+    A ``cancel`` go file, or a parent gone (torchrun stopped), ends the process quietly: it never
+    started its attempt."""
+    env = os.environ if environ is None else environ
+    parent = os.getppid()
+    go = Path(path)
+    while True:
+        try:
+            message = json.loads(go.read_text())
+        except FileNotFoundError:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(_POLL_S)
+            continue
+        if message.get("cancel"):
+            os._exit(0)
+        env.pop(GO_VARIABLE, None)
+        env.update({str(k): str(v) for k, v in message["environ"].items()})
+        return
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,44 +29,18 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ecrl.contract.atomicio import atomic_write_text
+from ecrl.runtime.launchenv import GO_VARIABLE
 
-__all__ = ["GO_VARIABLE", "STANDBY_DIR", "Standby", "await_go"]
+__all__ = ["GO_VARIABLE", "STANDBY_DIR", "Standby"]
 
-GO_VARIABLE = "ECRL_STANDBY_GO"
-"""Set (to the go file's path) in a standby rank's environment instead of the attempt's."""
 STANDBY_DIR = ".standby"
 """Inside the run directory: the waiting attempt's go file and torchrun log."""
-_POLL_S = 0.005
 _STOP_GRACE_S = 10.0
-
-
-def await_go(path: str, *, environ: dict[str, str] | None = None) -> None:
-    """In a standby rank: wait for the go file, then take its variables into the environment.
-
-    A ``cancel`` go file, or a parent gone (torchrun stopped), ends the process quietly: it never
-    started its attempt."""
-    env = os.environ if environ is None else environ
-    parent = os.getppid()
-    go = Path(path)
-    while True:
-        try:
-            message = json.loads(go.read_text())
-        except FileNotFoundError:
-            if os.getppid() != parent:
-                os._exit(0)
-            time.sleep(_POLL_S)
-            continue
-        if message.get("cancel"):
-            os._exit(0)
-        env.pop(GO_VARIABLE, None)
-        env.update({str(k): str(v) for k, v in message["environ"].items()})
-        return
 
 
 @dataclass(kw_only=True, slots=True)
