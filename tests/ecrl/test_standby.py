@@ -1,7 +1,8 @@
 """The warm standby's hand-over, with real processes standing in for torchrun (no torch needed).
 
 The launcher given to :class:`Standby` starts a small Python program that waits in
-:func:`ecrl.runtime.launchenv.await_go` exactly as a rank does, then writes the environment it was handed to a file.
+:func:`ecrl.runtime.launchenv.await_go` exactly as a rank does, then writes the environment it was
+handed to a file.
 """
 
 from __future__ import annotations
