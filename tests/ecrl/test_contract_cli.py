@@ -48,7 +48,10 @@ def test_a_bug_keeps_its_traceback() -> None:
 
 
 def _child(body: str) -> subprocess.Popen[bytes]:
-    code = "import sys, time\nfrom ecrl.contract.cli import run_main\n" + textwrap.dedent(body)
+    # Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it started,
+    # and a test runner's worker may ignore it: the child sets the handler a terminal gives.
+    code = ("import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from ecrl.contract.cli import run_main\n" + textwrap.dedent(body))
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
 
