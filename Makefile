@@ -29,11 +29,11 @@ typecheck: $(STAMP)
 	$(BIN)/python -m mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
 
 # Thousands of hypothesis examples and the long integration runs.
 test-long: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/ecrl bench all --write-docs docs/benchmarks.md

@@ -10,14 +10,19 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickle
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 RUN_TIMEOUT_S = 600
 
@@ -71,6 +76,22 @@ class RunCache:
         data = json.loads(result_file.read_text())
         return Run(root=directory, returncode=data["returncode"], stdout=data["stdout"],
                    stderr=data["stderr"])
+
+
+def shared(runs: RunCache, name: str, make: Callable[[Path], T]) -> T:
+    """``make(directory)`` once for the whole session, also across xdist workers (a module- or
+    session-scoped fixture is otherwise made again by every worker that runs one of its tests);
+    its (picklable) result is kept beside the runs. A ``make`` that raises is retried by the next
+    worker that needs it, as a per-worker fixture would be."""
+    directory = runs.root / name
+    result_file = runs.root / f"{name}.pickle"
+    with _locked(runs.root / f"{name}.lock"):
+        if not result_file.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # what a failed make left behind
+            value = make(directory)
+            result_file.write_bytes(pickle.dumps(value))
+    loaded: T = pickle.loads(result_file.read_bytes())
+    return loaded
 
 
 @pytest.fixture(scope="session")

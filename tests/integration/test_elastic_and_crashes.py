@@ -61,7 +61,7 @@ def test_ctrl_c_stops_cleanly_then_resume_falls_back_past_corruption_and_complet
         tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["run", "--out", str(out), "--dataset-size", "4096", "--global-batch", "8",
-            "--steps", "500", "--ckpt-every", "10", "--strategy", "blocking", "--world-sizes", "1",
+            "--steps", "80", "--ckpt-every", "10", "--strategy", "blocking", "--world-sizes", "1",
             "--log-ids"]
     proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -81,7 +81,7 @@ def test_ctrl_c_stops_cleanly_then_resume_falls_back_past_corruption_and_complet
     assert view.state.status == "stopped"
     assert [a.status for a in view.state.attempts] == ["stopped"]
     stopped_at = view.state.attempts[0].last_step
-    assert stopped_at is not None and 25 <= stopped_at + 1 < 500
+    assert stopped_at is not None and 25 <= stopped_at + 1 < 80
 
     # a corrupt checkpoint is never loaded: one line, and the earlier valid one is used
     latest = view.latest()
@@ -118,7 +118,7 @@ def test_resume_with_another_batch_or_seed_is_refused(blocking_run: Run) -> None
 def test_a_killed_supervisor_takes_its_job_along_and_the_run_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["run", "--out", str(out), "--dataset-size", "2048", "--global-batch", "8",
-            "--steps", "300", "--ckpt-every", "10", "--strategy", "overlapped",
+            "--steps", "80", "--ckpt-every", "10", "--strategy", "overlapped",
             "--world-sizes", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -112,7 +112,7 @@ def test_ctrl_c_then_launch_again_continues_to_a_verified_end(tmp_path: Path) ->
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
            "1", "--strategy", "blocking", "--ckpt-every", "5", "--", "python", str(EXAMPLE),
-           "--steps", "1500", "--workers", "0"]
+           "--steps", "150", "--workers", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "logs" / "attempt-000" / "rank-000.jsonl"
     deadline = time.monotonic() + RUN_TIMEOUT_S

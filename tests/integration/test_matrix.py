@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RUN_TIMEOUT_S
+from conftest import RUN_TIMEOUT_S, RunCache, shared
 
 from verifier import render_text, verify
 
@@ -121,8 +121,13 @@ def _wait_mid_unit(proc: subprocess.Popen[str], out: Path, *, finished: int) -> 
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
-    root = tmp_path_factory.mktemp("matrix")
+def matrix(runs: RunCache) -> Matrix:
+    # Made once for the session: every xdist worker that runs a test of this module shares it.
+    return shared(runs, "matrix", _make_matrix)
+
+
+def _make_matrix(root: Path) -> Matrix:
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "tiny.toml"
     config.write_text(TINY)
     out = root / "out"

@@ -84,7 +84,7 @@ def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
     root = tmp_path / "stopped"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root), "--dataset-size", "256",
-         "--global-batch", "8", "--steps", "160", "--ckpt-every", "20", "--world-sizes", "2",
+         "--global-batch", "8", "--steps", "100", "--ckpt-every", "20", "--world-sizes", "2",
          "--strategy", "blocking", "--log-ids", "--seed", "7"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     latest = root / "checkpoints" / "latest.json"
@@ -108,14 +108,14 @@ def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
     unfinished = run["unfinished"]
     assert isinstance(unfinished, dict)
     assert unfinished["status"] == "stopped" and unfinished["durable_step"] == durable
-    assert unfinished["committed_steps"] == durable + 1 < 160
+    assert unfinished["committed_steps"] == durable + 1 < 100
     assert run["unknown"] == [unfinished["message"]]
     # supervisor.json's last_step (every rank) agrees with the logs even after a mid-step stop.
     assert not [w for w in run["warnings"] if w["kind"] == "supervisor"], run["warnings"]
     message = str(unfinished["message"])
     assert message.startswith("run not finished (status 'stopped' after step ")
     assert f"steps 0..{durable} proved exactly once up to the last durable checkpoint" in message
-    assert f"steps {durable + 1}..159 not committed yet" in message
+    assert f"steps {durable + 1}..99 not committed yet" in message
     assert f"continue it with `ecrl run --out {root}`" in message
 
     # The mutation catalogue on the real stopped run: every harmful mutation of its committed

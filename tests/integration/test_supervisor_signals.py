@@ -34,7 +34,7 @@ def _wait_for_steps(out: Path, steps: int, timeout: float = 180) -> None:
 
 def test_sighup_stops_the_run_cleanly_and_it_continues_later(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = _start(out, "--dataset-size", "4096", "--global-batch", "8", "--steps", "200",
+    proc = _start(out, "--dataset-size", "4096", "--global-batch", "8", "--steps", "80",
                   "--ckpt-every", "10", "--strategy", "blocking", "--world-sizes", "1")
     _wait_for_steps(out, 25)
     proc.send_signal(signal.SIGHUP)

@@ -93,10 +93,10 @@ def test_full_disk_while_checkpointing(small_disk: Path, strategy: str) -> None:
 def test_full_disk_while_logging_steps(small_disk: Path) -> None:
     out = small_disk / "run"
     free = os.statvfs(small_disk)
-    # 40 kB: run.json, supervisor.json and the first steps' records fit; 400 steps do not.
+    # 40 kB: run.json, supervisor.json and the first steps' records fit; 200 steps do not.
     (small_disk / "filler").write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 40_000))
     result = ecrl("run", "--out", str(out), "--dataset-size", "256", "--global-batch", "8",
-                  "--steps", "400", "--world-sizes", "2", "--strategy", "none")
+                  "--steps", "200", "--world-sizes", "2", "--strategy", "none")
     assert result.returncode == 1, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ecrl run: error")]
     assert len(errors) == 1 and f"no space left on device: {out}" in errors[0], result.stderr
