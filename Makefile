@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 	$(BIN)/python -m mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=20
 
 # Thousands of hypothesis examples and the long integration runs.
 test-long: $(STAMP)
