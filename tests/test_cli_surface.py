@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ecrl.runtime.runconfig import RunFlag
 
 ENTRY = {
     "ecrl": "ecrl.apps.cli",
@@ -54,23 +59,29 @@ RUN_FLAGS = [
 ]
 
 
-def test_run_flags_are_pinned_and_generated_from_the_config_fields() -> None:
+def _assert_help_pins(command: str, pinned: list[str], generated: Iterable[RunFlag]) -> None:
+    """``ecrl COMMAND --help`` shows exactly the pinned flags, each with its generated help."""
     import re
+
+    out = run_cli("ecrl", command, "--help")
+    assert out.returncode == 0
+    shown = re.findall(r"^  (--[a-z-]+)", out.stdout, re.M)
+    assert shown == pinned  # a change here is deliberate: update the list and the docs
+    text = " ".join(out.stdout.split())
+    for f in generated:
+        assert " ".join(f.help.replace("%%", "%").split()) in text
+
+
+def test_run_flags_are_pinned_and_generated_from_the_config_fields() -> None:
     from dataclasses import fields
 
     from ecrl.runtime.runconfig import RunConfig, run_flags
 
-    out = run_cli("ecrl", "run", "--help")
-    assert out.returncode == 0
-    shown = re.findall(r"^  (--[a-z-]+)", out.stdout, re.M)
-    assert shown == RUN_FLAGS  # a change here is deliberate: update this list and the docs
+    _assert_help_pins("run", RUN_FLAGS, run_flags())
     generated = [f.flag for f in run_flags()]
     assert generated == ["--" + f.name.replace("_", "-") for f in fields(RunConfig)
                          if f.name != "explicit"]
     assert generated == RUN_FLAGS[2:]  # --config and --nproc are not settings of a run
-    text = " ".join(out.stdout.split())
-    for f in run_flags():
-        assert " ".join(f.help.replace("%%", "%").split()) in text
 
 
 LAUNCH_FLAGS = [
@@ -83,19 +94,11 @@ LAUNCH_FLAGS = [
 
 
 def test_launch_flags_are_pinned_and_generated_from_the_run_flags() -> None:
-    import re
-
     from ecrl.runtime.runconfig import launch_flags
 
-    out = run_cli("ecrl", "launch", "--help")
-    assert out.returncode == 0
-    shown = re.findall(r"^  (--[a-z-]+)", out.stdout, re.M)
-    assert shown == LAUNCH_FLAGS  # a change here is deliberate: update this list and the docs
+    _assert_help_pins("launch", LAUNCH_FLAGS, launch_flags())
     generated = [f.flag for f in launch_flags()]
     assert generated == [f for f in LAUNCH_FLAGS if f not in ("--out", "--nproc", "--node-rank")]
-    text = " ".join(out.stdout.split())
-    for f in launch_flags():
-        assert " ".join(f.help.replace("%%", "%").split()) in text
 
 
 def test_selfcheck_passes_and_shows_worked_example() -> None:

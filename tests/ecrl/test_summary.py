@@ -51,3 +51,30 @@ def test_summary_of_a_run_with_two_failures(tmp_path: Path) -> None:
     assert s.checkpoints == 2 and s.stall_s_median == 0.020
     text = "\n".join(render_summary(s))
     assert "30/30 committed" in text and "2 → 2 → 1" in text and "20.0 ms median" in text
+
+
+def test_a_planted_settings_record_is_ignored_not_followed_or_waited_on(tmp_path: Path) -> None:
+    # Someone else may write the run directory: a FIFO in place of rank 0's record would block
+    # the summary for ever, a symlink would read a file outside the run, a huge file all memory.
+    import json
+    import os
+
+    from ecrl.runtime.settings import SETTINGS_FILE, ResolvedCheckpoint, resolve_checkpoint
+    from ecrl.runtime.supervision.summary import checkpoint_settings
+
+    paths = RunPaths.of(tmp_path)
+    def record(every: int) -> str:
+        return json.dumps(resolve_checkpoint(flags={}, script={"ckpt_every": every}).record())
+
+    outside = tmp_path / "outside.json"
+    outside.write_text(record(9))
+    for attempt in range(4):
+        paths.attempt_dir(attempt).mkdir(parents=True)
+    (paths.attempt_dir(0) / SETTINGS_FILE).write_text(record(8))
+    os.mkfifo(paths.attempt_dir(1) / SETTINGS_FILE)
+    (paths.attempt_dir(2) / SETTINGS_FILE).symlink_to(outside)
+    (paths.attempt_dir(3) / SETTINGS_FILE).write_text(record(10) + " " * (1 << 20))
+    found = checkpoint_settings(paths, [0, 1, 2, 3])
+    assert isinstance(found, ResolvedCheckpoint)  # attempt 0's, the newest honest one
+    assert found.settings.ckpt_every == 8 and found.source("ckpt_every") == "script"
+    assert checkpoint_settings(paths, [1, 2, 3]) is None

@@ -31,6 +31,7 @@ from ecrl.contract.runformat.jsonl import (
     JsonlWriter,
     TornLine,
     read_json_record,
+    read_small_file,
     write_json_record,
 )
 from ecrl.contract.runformat.layout import RunPaths, find_runs, is_run_dir
@@ -61,6 +62,7 @@ __all__ = [
     "JsonlWriter",
     "RunPaths",
     "read_json_record",
+    "read_small_file",
     "write_json_record",
     "find_runs",
     "is_run_dir",

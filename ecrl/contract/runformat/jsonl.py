@@ -8,8 +8,10 @@ warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ from ecrl.contract.errors import RunFormatError
 from ecrl.contract.runformat._json import JSON_ERRORS, dumps, loads
 from ecrl.contract.runformat._record import Record
 
-__all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "write_json_record"]
+__all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "read_small_file",
+           "write_json_record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,23 @@ def write_json_record(path: str | os.PathLike[str], record: Record, *,
     """
     text = json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
+
+
+def read_small_file(path: str | os.PathLike[str], *, limit: int) -> bytes:
+    """The bytes of a small regular file of the run directory, never following a symlink, never
+    blocking on a FIFO or device, and never reading more than ``limit`` bytes: someone else may
+    be able to write the run directory. Raises :class:`OSError` otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
 
 
 def read_json_record(path: str | os.PathLike[str], record: type[R]) -> R:

@@ -28,6 +28,7 @@ from ecrl.contract.runformat import (
     RunPaths,
     SupervisorState,
     read_json_record,
+    read_small_file,
 )
 from ecrl.runtime.settings import SETTINGS_FILE, ResolvedCheckpoint
 
@@ -65,13 +66,18 @@ class RunSummary:
     came from (flag, script, default); None when no rank recorded them."""
 
 
+_SETTINGS_LIMIT = 64 << 10
+"""A settings record is a few hundred bytes; anything larger was not written by a rank."""
+
+
 def checkpoint_settings(paths: RunPaths, attempts: list[int]) -> ResolvedCheckpoint | None:
     """What the newest of ``attempts`` that started a Checkpointer recorded (rank 0's
     ``checkpoint-settings.json``), or None."""
     for attempt in reversed(attempts):
         path = paths.attempt_dir(attempt) / SETTINGS_FILE
         with contextlib.suppress(OSError, ValueError):
-            found = ResolvedCheckpoint.from_record(json.loads(path.read_text(encoding="utf-8")))
+            found = ResolvedCheckpoint.from_record(
+                json.loads(read_small_file(path, limit=_SETTINGS_LIMIT)))
             if found is not None:
                 return found
     return None
