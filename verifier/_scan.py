@@ -49,7 +49,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError
-from ecrl.contract.runformat import SCHEMA_VERSION, StepRecord, loads
+from ecrl.contract.runformat import MAX_LINE_BYTES, SCHEMA_VERSION, StepRecord, loads, open_regular
 
 __all__ = ["Batch", "RankLog", "PREFIX_KEYS", "BLOCK_BYTES"]
 
@@ -128,13 +128,21 @@ class RankLog:
     ``start_step``: the step the first record should have (the attempt's resume point + 1).
     ``local_batch`` is None when the attempt's world size does not divide the global batch;
     then only the slow path runs (the checker reports that).
+
+    The file is opened with :func:`ecrl.contract.runformat.open_regular` (no link followed on
+    the way from ``root``, no FIFO, device or socket). A line longer than ``max_line`` bytes is a
+    :class:`RunFormatError` as soon as that many bytes were read without a newline, so memory
+    stays bounded (a few blocks) whatever the file holds.
     """
 
     def __init__(self, path: Path, *, attempt: int, rank: int, world_size: int,
                  local_batch: int | None, geometry: semantics.Geometry, seed: int,
                  torn_ok: bool, start_step: int, log_ids: bool, want_loss: bool,
-                 block: int = BLOCK_BYTES, fast: bool = True) -> None:
+                 block: int = BLOCK_BYTES, fast: bool = True, root: Path | None = None,
+                 max_line: int = MAX_LINE_BYTES) -> None:
         self.path = path
+        self.root = root
+        self.max_line = max_line
         self.attempt = attempt
         self.rank = rank
         self.world_size = world_size
@@ -160,9 +168,10 @@ class RankLog:
     def _read(self) -> Iterator[tuple[bytearray, int]]:
         """Blocks of whole lines in fresh buffers: ``buf[1 : 1 + n]``, ``buf[0]`` spare."""
         try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed in finally
+            fd = open_regular(self.path, root=self.root)
         except OSError as exc:
             raise RunFormatError(str(self.path), None, f"cannot read: {exc.strerror}") from None
+        handle = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed in finally
         try:
             carry = b""
             left = os.fstat(handle.fileno()).st_size
@@ -179,6 +188,8 @@ class RankLog:
                 left -= got
                 cut = buf.rfind(b"\n", 1, end)
                 if cut < 0:  # a line longer than the block: read more before cutting
+                    if end - 1 > self.max_line:
+                        raise self._too_long(self.next_line)
                     carry = bytes(buf[1:end])
                     size *= 2
                     continue
@@ -194,6 +205,10 @@ class RankLog:
         finally:
             handle.close()
 
+    def _too_long(self, line: int) -> RunFormatError:
+        return RunFormatError(str(self.path), line, f"line longer than {self.max_line} bytes "
+                              "(the run format's limit, docs/run-format.md); not read further")
+
     def batches(self) -> Iterator[Batch]:
         """Batches in file order; a schema error is raised after the records before it."""
         for buf, nbytes in self._chunks:
@@ -204,6 +219,9 @@ class RankLog:
     def _batch(self, buf: bytearray, nbytes: int) -> Batch:
         arr = np.frombuffer(buf, dtype=np.uint8, count=nbytes + 1)
         ends = np.flatnonzero(arr == _NL)
+        over = np.flatnonzero(np.diff(ends, prepend=0) - 1 > self.max_line)
+        if over.size:
+            raise self._too_long(self.next_line + int(over[0]))
         self._lines_in_block = int(ends.size)
         batch = self._fast(buf, arr, ends) if self._fast_ok else None
         if batch is None:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError
+from ecrl.contract.runformat import check_entry
 from verifier._scan import Batch, RankLog
 from verifier.anomalies import Anomaly, AnomalySink, Note
 from verifier.audit import AuditCoverage, EpochHashes, StepAudit
@@ -151,6 +152,10 @@ class Ingest:
             rel = self.inputs.rel(path)
             self.files[(k, rank)] = rel
             if rank >= w:
+                why = check_entry(path)
+                if why is not None:
+                    raise RunFormatError(rel, None, f"{why}, not a regular file (a run "
+                                         "directory's files are never followed through links)")
                 if path.stat().st_size:
                     self.sink.add(Anomaly(
                         kind="misplaced_record", file=rel, line=1, attempt=k, rank=rank,
@@ -161,7 +166,7 @@ class Ingest:
             readers.append(RankLog(
                 path, attempt=k, rank=rank, world_size=w, local_batch=local,
                 geometry=self.geometry, seed=self.manifest.seed, torn_ok=plan.torn_ok,
-                start_step=plan.lo, fast=not self.audit,
+                start_step=plan.lo, fast=not self.audit, root=self.inputs.root,
                 log_ids=self.manifest.log_ids,
                 want_loss=self.want_series or self.replay.wants(k)))
         stats = self.stats[k]

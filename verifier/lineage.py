@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ecrl.contract.runformat import SupervisorAttempt
 from verifier.anomalies import Anomaly, Note
@@ -182,7 +183,7 @@ def attested_resume_points(extra: Mapping[str, object]) -> dict[int, int]:
 
 def _ran(attempts: Sequence[SupervisorAttempt], step: int, before: int) -> int | None:
     """The newest attempt before ``before`` that completed ``step`` (per supervisor.json)."""
-    for a in reversed(attempts[:before]):
+    for a in reversed([a for a in attempts if a.attempt < before]):
         if a.first_step is not None and a.last_step is not None \
                 and a.first_step <= step <= a.last_step:
             return a.attempt
@@ -202,7 +203,11 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
     anomalies: list[Anomaly] = []
     notes: list[Note] = []
     bounds: dict[int, tuple[int, int | None, int | None]] = {}
-    final = len(attempts) - 1
+    by_number = {a.attempt: a for a in attempts}
+    # Numbers may skip a stray log folder (verifier.schema): "the attempt before" is the one
+    # listed before, not the number before.
+    before = {b.attempt: a.attempt for a, b in pairwise(attempts)}
+    final = attempts[-1].attempt
     k: int | None = final
     hi: int | None = None
     if not finished:
@@ -214,7 +219,7 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
             k = final
     top = k
     while k is not None:
-        c = attempts[k].resumed_from_step
+        c = by_number[k].resumed_from_step
         lo = 0 if c is None else c + 1
         if c is None:
             bounds[k] = (lo, hi, None)
@@ -236,7 +241,7 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
                 kind="unknown_checkpoint", file="supervisor.json", attempt=k, step=c,
                 expected="a checkpoint event at step " + str(c), actual="none",
                 evidence={"recorded": recorded[-8:]}))
-            writer = k - 1 if k > 0 else None
+            writer = before.get(k)
         bounds[k] = (lo, hi, writer)
         hi = c
         k = writer
@@ -245,7 +250,7 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
             continue
         later = min((j for j in bounds if j > a.attempt), default=None)
         if later is not None:
-            loaded = attempts[later].resumed_from_step
+            loaded = by_number[later].resumed_from_step
             why = (f"attempt {later} " + (
                 "started fresh" if loaded is None else
                 f"resumed from step {loaded}, a checkpoint of attempt {bounds[later][2]}"))
@@ -267,9 +272,9 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
                 kind="fresh_restart", file="supervisor.json",
                 message=f"attempt {a.attempt} started fresh although earlier attempts recorded "
                         "checkpoints; their progress was thrown away"))
-        prev = a.attempt - 1
+        prev = before.get(a.attempt, -1)
         here = a.resumed_from_step
-        there = attempts[prev].resumed_from_step if prev >= 0 else None
+        there = by_number[prev].resumed_from_step if prev >= 0 else None
         if here is not None and there is not None and here < there:
             notes.append(Note(
                 kind="resume_backwards", file="supervisor.json",

@@ -72,14 +72,18 @@ class ReplayTracker:
     tolerant: int = 0
     max_rel_diff: float | None = None
 
+    previous: dict[int, int] = field(default_factory=dict)
+    """Attempt -> the attempt listed before it (numbers may skip a stray log folder)."""
+
     def __post_init__(self) -> None:
         for plan, nxt in zip(self.plans, self.plans[1:], strict=False):
+            self.previous[nxt.attempt] = plan.attempt
             if nxt.resumed_from is not None:
                 self.resume_of_next[plan.attempt] = nxt.resumed_from
 
     def wants(self, attempt: int) -> bool:
         """Whether the records of ``attempt`` are needed (their losses must be read)."""
-        return attempt in self.resume_of_next or attempt - 1 in self.old
+        return attempt in self.resume_of_next or self.previous.get(attempt) in self.old
 
     def take(self, *, attempt: int, rank: int, steps: npt.NDArray[np.int64],
              loss: npt.NDArray[np.float64] | None, local_batch: npt.NDArray[np.int64] | int,
@@ -94,7 +98,7 @@ class ReplayTracker:
             for i in np.flatnonzero(steps > after).tolist():
                 window.setdefault(int(steps[i]), {}).setdefault(rank, _Entry(
                     float(loss[i]), int(locals_[i]), file, first_line + i))
-        earlier = self.old.get(attempt - 1)
+        earlier = self.old.get(self.previous.get(attempt, -1))
         if earlier:
             lo, hi = min(earlier), max(earlier)
             for i in np.flatnonzero((steps >= lo) & (steps <= hi)).tolist():
@@ -105,12 +109,14 @@ class ReplayTracker:
 
     def attempt_done(self, attempt: int) -> None:
         """Compare the previous attempt's replay window with what ``attempt`` recomputed."""
-        earlier = self.old.pop(attempt - 1, None)
+        before = self.previous.get(attempt, -1)
+        earlier = self.old.pop(before, None)
         new, self.new = self.new, {}
         if not earlier:
             return
-        failed = self.plans[attempt - 1]
-        succ = self.plans[attempt]
+        plans = {p.attempt: p for p in self.plans}
+        failed = plans[before]
+        succ = plans[attempt]
         exact = self.deterministic and failed.world_size == succ.world_size
         for step in sorted(earlier):
             a_ranks, b_ranks = earlier[step], new.get(step, {})

@@ -22,6 +22,7 @@ from ecrl.contract.runformat import (
     RunPaths,
     SupervisorAttempt,
     SupervisorState,
+    check_entry,
     read_json_record,
 )
 from verifier.anomalies import Note
@@ -101,7 +102,7 @@ def read_inputs(root: str | Path) -> RunInputs:
         raise Unusable(f"{paths.manifest}: file is missing; a run directory written by "
                        "`ecrl run` has one (is this the right directory?)")
     try:
-        manifest = read_json_record(paths.manifest, RunManifest)
+        manifest = read_json_record(paths.manifest, RunManifest, root=paths.root)
     except RunFormatError as exc:
         raise _unusable(exc) from None
     audit = manifest.external_sampler
@@ -149,23 +150,17 @@ def read_inputs(root: str | Path) -> RunInputs:
         raise Unusable(f"{paths.supervisor}: file is missing; without it the verifier cannot "
                        "tell which checkpoint each attempt resumed from")
     try:
-        supervisor = read_json_record(paths.supervisor, SupervisorState)
+        supervisor = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
     except RunFormatError as exc:
         raise _unusable(exc) from None
     attempts = supervisor.attempts
     if not attempts:
         raise Unusable(f"{paths.supervisor}: no attempts recorded, so nothing ran")
-    numbers = [a.attempt for a in attempts]
-    if numbers != list(range(len(attempts))):
-        raise Unusable(f"{paths.supervisor}: attempts must be numbered 0, 1, … in order, "
-                       f"got {numbers}")
-    logged = paths.attempts()
-    strays = [a for a in logged if a >= len(attempts)]
-    if strays:
-        raise Unusable(
-            f"{paths.attempt_dir(strays[0])}: logs of attempt {strays[0]}, which "
-            f"{paths.supervisor.name} does not list ({len(attempts)} attempts); the lineage is "
-            "ambiguous")
+    strays = _check_attempts(paths, [a.attempt for a in attempts])
+    notes.extend(Note(kind="stray_attempt", file=_rel(paths, paths.attempt_dir(n)),
+                      message=f"a log folder of attempt {n}, which {paths.supervisor.name} does "
+                              "not list: no attempt of this run wrote it; skipped, not read")
+                 for n in strays)
     if supervisor.restarts != len(attempts) - 1:
         notes.append(Note(kind="supervisor", file="supervisor.json",
                           message=f"restarts is {supervisor.restarts} but "
@@ -183,7 +178,8 @@ def read_inputs(root: str | Path) -> RunInputs:
         if not log.is_file():
             checkpoints[a.attempt] = ()
             continue
-        reader = JsonlReader(log, CheckpointEvent, torn_tail_ok=torn_tail_ok(a))
+        reader = JsonlReader(log, CheckpointEvent, torn_tail_ok=torn_tail_ok(a),
+                             root=paths.root)
         try:
             events = tuple(CheckpointRecord(attempt=a.attempt, line=n, event=e)
                            for n, e in reader)
@@ -197,7 +193,7 @@ def read_inputs(root: str | Path) -> RunInputs:
     latest: LatestPointer | None = None
     if paths.latest.is_file():
         try:
-            latest = read_json_record(paths.latest, LatestPointer)
+            latest = read_json_record(paths.latest, LatestPointer, root=paths.root)
         except RunFormatError as exc:
             notes.append(Note(kind="latest", file="checkpoints/latest.json",
                               message=f"unreadable, ignored: {exc.message}"))
@@ -210,6 +206,37 @@ def read_inputs(root: str | Path) -> RunInputs:
                      supervisor=supervisor, checkpoints=checkpoints, latest=latest,
                      notes=tuple(notes), audit=audit, epoch_coverage=str(coverage),
                      deterministic=deterministic)
+
+
+def _check_attempts(paths: RunPaths, numbers: list[int]) -> list[int]:
+    """Check that the attempts ``supervisor.json`` lists are the run's own and that their log
+    folders are real folders inside the run; return the stray log folders (those it does not
+    list), which are reported and skipped.
+
+    Attempts are numbered 0, 1, … in order. One gap is explained: a supervisor before issue 24
+    numbered its next attempt after every ``logs/attempt-NNN`` folder, listed or not, so a folder
+    planted (or left) at ``attempt-N`` made it skip to ``N + 1``. A gap is accepted only when that
+    folder, unlisted, is there; any other gap means an attempt is missing from the record, and
+    no verdict can rest on it.
+    """
+    for path in (paths.logs, *(paths.attempt_dir(n) for n in numbers)):
+        why = check_entry(path, directory=True)
+        if why is not None:
+            raise Unusable(f"{path}: {why}, not a directory; the verifier never follows a link "
+                           "out of the run directory (replace it with the run's own folder)")
+    listed = set(numbers)
+    try:
+        logged = paths.attempts() if check_entry(paths.logs, directory=True) is None else []
+    except OSError as exc:
+        raise Unusable(f"{paths.logs}: cannot list: {exc.strerror}") from None
+    strays = [n for n in logged if n not in listed]
+    expected = 0
+    for n in numbers:
+        if n != expected and not (n > expected and n - 1 in strays):
+            raise Unusable(f"{paths.supervisor}: attempts must be numbered 0, 1, … in order, "
+                           f"got {numbers}: attempt {expected} is missing from the record")
+        expected = n + 1
+    return strays
 
 
 def _rel(paths: RunPaths, path: Path) -> str:

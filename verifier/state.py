@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ecrl.contract.runformat import loads
+from ecrl.contract.runformat import loads, read_small_file
 from verifier.anomalies import Anomaly, AnomalySink, Location, Note
 from verifier.lineage import Lineage
 from verifier.result import StateCheck
@@ -25,6 +25,9 @@ __all__ = ["check_state", "RESTORED"]
 
 RESTORED = "restored.json"
 """Written by a resumed attempt into its log folder: the state as loaded."""
+
+_RESTORED_LIMIT = 1 << 20
+"""A few digests; a larger file was not written by ECRL."""
 
 
 @dataclass(slots=True)
@@ -74,8 +77,13 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
                                       "but wrote no restored.json: its restore is not attested"))
             continue
         try:
-            data = loads(path.read_bytes())
-        except Exception as exc:  # orjson.JSONDecodeError, OSError
+            raw = read_small_file(path, limit=_RESTORED_LIMIT, root=inputs.root)
+        except OSError as exc:
+            unknown.append(f"{rel}: cannot read: {exc.strerror}")
+            continue
+        try:
+            data = loads(raw)
+        except Exception as exc:  # orjson.JSONDecodeError
             unknown.append(f"{rel}: not valid JSON ({exc})")
             continue
         restored = _digests(data.get("digests")) if isinstance(data, dict) else None

@@ -56,8 +56,6 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("attempt field", lambda r: edit_json(
         r / "supervisor.json", lambda d: d["attempts"][0].pop("world_size")),
      "attempt is missing field 'world_size'"),
-    ("stray attempt logs", lambda r: (r / "logs" / "attempt-007").mkdir(),
-     "logs of attempt 7, which supervisor.json does not list"),
     ("bad log line", lambda r: _append(r / "logs/attempt-001/rank-000.jsonl", b"{}\n"),
      "rank-000.jsonl:"),
     ("torn line, completed attempt", lambda r: _append(r / "logs/attempt-001/rank-000.jsonl",

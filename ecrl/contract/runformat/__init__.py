@@ -21,11 +21,21 @@ warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` a
 The implementation is split by concern: :mod:`.records` (the typed records), :mod:`.jsonl`
 (reading and writing them), :mod:`.layout` (the directory's paths); this module is their public
 surface.
+
+Someone else may be able to write a run directory: every reader opens its files through
+:mod:`._safeio` (no link followed, no FIFO or device opened for reading, every read bounded:
+lines by :data:`MAX_LINE_BYTES`, whole files by :data:`MAX_RECORD_BYTES`).
 """
 
 from __future__ import annotations
 
 from ecrl.contract.runformat._json import dumps, loads
+from ecrl.contract.runformat._safeio import (
+    MAX_LINE_BYTES,
+    MAX_RECORD_BYTES,
+    check_entry,
+    open_regular,
+)
 from ecrl.contract.runformat.jsonl import (
     JsonlReader,
     JsonlWriter,
@@ -63,6 +73,10 @@ __all__ = [
     "RunPaths",
     "read_json_record",
     "read_small_file",
+    "open_regular",
+    "check_entry",
+    "MAX_LINE_BYTES",
+    "MAX_RECORD_BYTES",
     "write_json_record",
     "find_runs",
     "is_run_dir",

@@ -8,19 +8,23 @@ warning; every other defect is a :class:`~ecrl.contract.errors.RunFormatError` a
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ecrl.contract.atomicio import AppendLog, atomic_write_bytes
 from ecrl.contract.errors import RunFormatError
 from ecrl.contract.runformat._json import JSON_ERRORS, dumps, loads
 from ecrl.contract.runformat._record import Record
+from ecrl.contract.runformat._safeio import (
+    CHUNK_BYTES,
+    MAX_LINE_BYTES,
+    MAX_RECORD_BYTES,
+    open_regular,
+    read_bounded,
+)
 
 __all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "read_small_file",
            "write_json_record"]
@@ -48,43 +52,74 @@ class JsonlReader(Generic[R]):
     ``torn_tail_ok``: the file belongs to an attempt that crashed, so a last line without its
     newline is expected; it is skipped and appended to :attr:`warnings`. Otherwise, and for any
     defect elsewhere, :class:`RunFormatError` names the file and line.
+
+    The file is opened with :func:`~ecrl.contract.runformat._safeio.open_regular` (no link
+    followed — below ``root`` none on the way either —, no FIFO, device or socket) and read in
+    chunks of :data:`CHUNK_BYTES`; a line longer than ``max_line`` bytes
+    (:data:`MAX_LINE_BYTES` unless given) is a :class:`RunFormatError` as soon as that many bytes
+    have been read without a newline, so memory stays bounded whatever the file holds.
     """
 
-    def __init__(self, path: str | os.PathLike[str], record: type[R], *, torn_tail_ok: bool
-                 ) -> None:
+    def __init__(self, path: str | os.PathLike[str], record: type[R], *, torn_tail_ok: bool,
+                 root: str | os.PathLike[str] | None = None,
+                 max_line: int = MAX_LINE_BYTES) -> None:
         self.path = str(path)
         self.record = record
         self.torn_tail_ok = torn_tail_ok
+        self.root = root
+        self.max_line = max_line
         self.warnings: list[TornLine] = []
+
+    def _too_long(self, number: int) -> RunFormatError:
+        return RunFormatError(self.path, number, f"line longer than {self.max_line} bytes (the "
+                              "run format's limit, docs/run-format.md); not read further")
 
     def raw(self) -> Iterator[tuple[int, Any]]:
         """``(line_number, parsed JSON)`` without record validation (fast path for checkers)."""
         try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed in finally
+            fd = open_regular(self.path, root=self.root)
         except OSError as exc:
             raise RunFormatError(self.path, None, f"cannot read: {exc.strerror}") from None
         try:
             number = 0
-            for number, line in enumerate(handle, start=1):
-                if not line.endswith(b"\n"):
-                    # Only the last line can lack its newline.
-                    if self.torn_tail_ok:
-                        preview = line[:60].decode("utf-8", "replace")
-                        self.warnings.append(TornLine(self.path, number, preview))
-                        return
-                    raise RunFormatError(
-                        self.path,
-                        number,
-                        "last line is incomplete (no newline), but this attempt did not crash",
-                    )
-                if not line.strip():
-                    raise RunFormatError(self.path, number, "empty line")
-                try:
-                    yield number, loads(line)
-                except JSON_ERRORS as exc:
-                    raise RunFormatError(self.path, number, f"not valid JSON ({exc})") from None
+            pending = bytearray()
+            while True:
+                chunk = os.read(fd, CHUNK_BYTES)
+                if not chunk:
+                    break
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    number += 1
+                    if pending:
+                        pending += chunk[start:end]
+                        line, pending = bytes(pending), bytearray()
+                    else:
+                        line = chunk[start:end]
+                    start = end + 1
+                    if len(line) > self.max_line:
+                        raise self._too_long(number)
+                    if not line.strip():
+                        raise RunFormatError(self.path, number, "empty line")
+                    try:
+                        parsed = loads(line)
+                    except JSON_ERRORS as exc:
+                        raise RunFormatError(self.path, number,
+                                             f"not valid JSON ({exc})") from None
+                    yield number, parsed
+                pending += chunk[start:]
+                if len(pending) > self.max_line:
+                    raise self._too_long(number + 1)
+            if pending:
+                # Only the last line can lack its newline.
+                if self.torn_tail_ok:
+                    preview = bytes(pending[:60]).decode("utf-8", "replace")
+                    self.warnings.append(TornLine(self.path, number + 1, preview))
+                    return
+                raise RunFormatError(
+                    self.path, number + 1,
+                    "last line is incomplete (no newline), but this attempt did not crash")
         finally:
-            handle.close()
+            os.close(fd)
 
     def __iter__(self) -> Iterator[tuple[int, R]]:
         for number, data in self.raw():
@@ -121,28 +156,23 @@ def write_json_record(path: str | os.PathLike[str], record: Record, *,
     atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
 
 
-def read_small_file(path: str | os.PathLike[str], *, limit: int) -> bytes:
-    """The bytes of a small regular file of the run directory, never following a symlink, never
-    blocking on a FIFO or device, and never reading more than ``limit`` bytes: someone else may
-    be able to write the run directory. Raises :class:`OSError` otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if info.st_size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(limit + 1)[:limit]
-    finally:
-        os.close(fd)
+def read_small_file(path: str | os.PathLike[str], *, limit: int,
+                    root: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes of a small regular file of the run directory, never following a symlink (below
+    ``root``, none on the way either), never blocking on a FIFO or device, and never reading more
+    than ``limit`` bytes: someone else may be able to write the run directory. Raises
+    :class:`OSError` otherwise."""
+    return read_bounded(path, limit=limit, root=root)
 
 
-def read_json_record(path: str | os.PathLike[str], record: type[R]) -> R:
-    """Read and validate a whole-file JSON record."""
+def read_json_record(path: str | os.PathLike[str], record: type[R], *,
+                     root: str | os.PathLike[str] | None = None,
+                     limit: int = MAX_RECORD_BYTES) -> R:
+    """Read and validate a whole-file JSON record (:func:`read_small_file`: at most ``limit``
+    bytes of a regular file, no link followed)."""
     p = str(path)
     try:
-        data = Path(p).read_bytes()
+        data = read_bounded(p, limit=limit, root=root)
     except FileNotFoundError:
         raise RunFormatError(p, None, "file is missing") from None
     except OSError as exc:
