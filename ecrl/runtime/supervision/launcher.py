@@ -55,6 +55,7 @@ from ecrl.runtime.supervision.events import (
     Silent,
 )
 from ecrl.runtime.supervision.policy import Outcome
+from ecrl.runtime.supervision.rundir import with_strays
 from ecrl.runtime.supervision.supervisor import LOCK_FILE, Supervisor
 
 __all__ = ["LAUNCH_KEYS", "LaunchSupervisor", "launch_config", "normalize_program", "run_launch"]
@@ -162,6 +163,9 @@ class LaunchSupervisor(Supervisor):
             return Supervisor._torchrun_log(self, attempt)
         return self.paths.attempt_dir(attempt) / f"torchrun-node-{self.node_rank}.log"
 
+    def _owns_logs(self) -> bool:
+        return self.config.nnodes == 1
+
     def _next_attempt(self) -> int:
         if self.config.nnodes > 1:
             # The other nodes create attempt folders in the shared directory too: count our own
@@ -201,8 +205,10 @@ class LaunchSupervisor(Supervisor):
                 self._report(RunAlreadyComplete(command=self.name, root=root,
                                                 target_steps=None))
                 return False
+            strays = self._check_logs(state)
             attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
-            self.state = replace(state, attempts=attempts, status="running")
+            self.state = replace(state, attempts=attempts, status="running",
+                                 extra=with_strays(state.extra, strays))
             self._report(RunResumed(command=self.name, root=root,
                                     earlier_attempts=len(attempts)))
         else:

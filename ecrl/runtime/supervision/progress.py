@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ecrl.contract.errors import RunFormatError
-from ecrl.contract.runformat import JsonlReader, RunPaths, StepRecord, loads
+from ecrl.contract.runformat import (
+    MAX_LINE_BYTES,
+    JsonlReader,
+    RunPaths,
+    StepRecord,
+    loads,
+    open_regular,
+)
 from ecrl.runtime.supervision.events import StepProgress
 
 __all__ = ["StepTail", "ProgressMeter", "attempt_steps"]
@@ -17,25 +25,37 @@ __all__ = ["StepTail", "ProgressMeter", "attempt_steps"]
 
 @dataclass(slots=True)
 class StepTail:
-    """New complete lines of a growing JSON-lines file."""
+    """New complete lines of a growing JSON-lines file.
+
+    Opened like every run-format file (:func:`ecrl.contract.runformat.open_regular`: no link,
+    FIFO or device; ``root`` the run directory) and read at most :data:`_TAIL_BYTES` per call; a
+    stretch that long without a newline is no step record and is skipped."""
 
     path: Path
     offset: int = 0
+    root: Path | None = None
 
     def read(self) -> list[dict[str, Any]]:
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
+            fd = open_regular(self.path, root=self.root)
+        except OSError:  # not there yet, or not a file ECRL reads (the verifier says which)
             return []
+        try:
+            data = os.pread(fd, _TAIL_BYTES, self.offset)
+        finally:
+            os.close(fd)
         end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == _TAIL_BYTES:
+            end = len(data)
         self.offset += end
         out = []
         for line in data[:end].splitlines():
             with contextlib.suppress(ValueError):
                 out.append(loads(line))
         return out
+
+
+_TAIL_BYTES = 2 * MAX_LINE_BYTES
 
 
 def attempt_steps(paths: RunPaths, attempt: int, world_size: int) -> tuple[int | None, int | None]:
@@ -46,7 +66,7 @@ def attempt_steps(paths: RunPaths, attempt: int, world_size: int) -> tuple[int |
         path = paths.rank_log(attempt, rank)
         steps: set[int] = set()
         if path.exists():
-            reader = JsonlReader(path, StepRecord, torn_tail_ok=True)
+            reader = JsonlReader(path, StepRecord, torn_tail_ok=True, root=paths.root)
             with contextlib.suppress(RunFormatError):
                 for _, data in reader.raw():
                     steps.add(int(data["global_step"]))

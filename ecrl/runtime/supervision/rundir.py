@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ecrl.contract.errors import ConfigError
+from ecrl.contract.errors import ConfigError, RunFormatError
 from ecrl.contract.runformat import (
     RunManifest,
     RunPaths,
     SupervisorAttempt,
     SupervisorState,
+    check_entry,
     write_json_record,
 )
 from ecrl.runtime.checkpoint.persist import CrashHook
@@ -24,7 +26,7 @@ from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.supervision.progress import attempt_steps
 
 __all__ = ["DiskFull", "check_out", "plan_manifest", "stale_attempt", "fired_in_stale",
-           "write_record"]
+           "write_record", "check_logs", "set_aside_strays", "set_aside", "with_strays"]
 
 
 class DiskFull(Exception):
@@ -95,6 +97,73 @@ def fired_in_stale(paths: RunPaths, state: SupervisorState) -> dict[str, Any]:
             fired.append({"attempt": a.attempt, "global_step": marker.global_step,
                           "rank": marker.rank})
     return {**state.extra, "injected_failures": fired}
+
+
+def check_logs(paths: RunPaths, attempts: list[int]) -> None:
+    """Before a continuation reads anything under ``logs/``: ``logs/`` and each recorded
+    attempt's folder are real folders, and every entry of such a folder is a regular file or a
+    folder. Someone else may be able to write the run directory: a link there would make the
+    supervisor read outside the run, a FIFO would block it for good, a device read without end.
+    Raises :class:`RunFormatError` (one line) otherwise."""
+    for folder in (paths.logs, *(paths.attempt_dir(a) for a in attempts)):
+        why = check_entry(folder, directory=True)
+        if why is not None:
+            raise RunFormatError(str(folder), None, f"{why}, not a folder: a run directory's "
+                                 "logs are never followed through links; restore the run's own "
+                                 "folder or start the run over in a new --out")
+        if not folder.is_dir():
+            continue
+        if folder == paths.logs:
+            continue
+        for entry in sorted(folder.iterdir()):
+            why = check_entry(entry)
+            if why is not None and check_entry(entry, directory=True) is not None:
+                raise RunFormatError(str(entry), None, f"{why}, not a regular file: ECRL never "
+                                     "reads a link or special file in a run directory; remove it "
+                                     "(or start the run over in a new --out)")
+
+
+def set_aside(paths: RunPaths, attempt: int) -> str | None:
+    """Rename ``logs/attempt-NNN``, which no recorded attempt wrote, to ``logs/stray-attempt-NNN``
+    (``.2``, ``.3``, … when taken); the new name, or None when there is no such folder.
+
+    A stray folder was planted, or copied in: a new attempt numbered after it would leave a gap
+    in the record, and one given its number would append its records to the stray ones. Its
+    contents are kept (evidence), under a name no reader of the run format looks at."""
+    folder = paths.attempt_dir(attempt)
+    if not os.path.lexists(folder):
+        return None
+    target = paths.logs / f"stray-{folder.name}"
+    n = 1
+    while os.path.lexists(target):
+        n += 1
+        target = paths.logs / f"stray-{folder.name}.{n}"
+    os.rename(folder, target)  # a link is renamed itself, never followed
+    return target.name
+
+
+def set_aside_strays(paths: RunPaths, recorded: list[int]) -> list[dict[str, str]]:
+    """:func:`set_aside` every ``logs/attempt-NNN`` folder that ``supervisor.json`` does not
+    record; what was moved, for ``supervisor.json``."""
+    known = set(recorded)
+    moved = []
+    names = sorted(os.listdir(paths.logs)) if check_entry(paths.logs, directory=True) is None \
+        and paths.logs.is_dir() else []
+    numbers = [int(n[8:]) for n in names if n.startswith("attempt-") and n[8:].isdigit()]
+    for number in numbers:
+        if number not in known:
+            name = set_aside(paths, number)
+            if name is not None:
+                moved.append({"folder": f"logs/{paths.attempt_dir(number).name}",
+                              "moved_to": f"logs/{name}"})
+    return moved
+
+
+def with_strays(extra: Mapping[str, Any], moved: list[dict[str, str]]) -> dict[str, Any]:
+    """``supervisor.json``'s ``extra`` with the stray folders set aside (``stray_logs``)."""
+    if not moved:
+        return dict(extra)
+    return {**extra, "stray_logs": [*extra.get("stray_logs", []), *moved]}
 
 
 def write_record(path: Path, record: Any, crash: CrashHook) -> None:

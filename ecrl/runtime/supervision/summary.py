@@ -77,7 +77,7 @@ def checkpoint_settings(paths: RunPaths, attempts: list[int]) -> ResolvedCheckpo
         path = paths.attempt_dir(attempt) / SETTINGS_FILE
         with contextlib.suppress(OSError, ValueError):
             found = ResolvedCheckpoint.from_record(
-                json.loads(read_small_file(path, limit=_SETTINGS_LIMIT)))
+                json.loads(read_small_file(path, limit=_SETTINGS_LIMIT, root=paths.root)))
             if found is not None:
                 return found
     return None
@@ -85,8 +85,8 @@ def checkpoint_settings(paths: RunPaths, attempts: list[int]) -> ResolvedCheckpo
 
 def summarize(root: str) -> RunSummary:
     paths = RunPaths.of(root)
-    manifest = read_json_record(paths.manifest, RunManifest)
-    state = read_json_record(paths.supervisor, SupervisorState)
+    manifest = read_json_record(paths.manifest, RunManifest, root=paths.root)
+    state = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
     attempts = state.attempts
     replayed = 0
     for this, successor in itertools.pairwise(attempts):
@@ -118,7 +118,8 @@ def summarize(root: str) -> RunSummary:
         path = paths.checkpoint_log(a.attempt)
         if path.exists():
             with contextlib.suppress(RunFormatError):
-                for _, event in JsonlReader(path, CheckpointEvent, torn_tail_ok=True):
+                for _, event in JsonlReader(path, CheckpointEvent, torn_tail_ok=True,
+                                            root=paths.root):
                     stalls.append(event.stall_s)
                     writes.append(event.write_s)
     return RunSummary(

@@ -71,10 +71,14 @@ from ecrl.runtime.supervision.policy import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, 
 from ecrl.runtime.supervision.progress import ProgressMeter, StepTail, attempt_steps
 from ecrl.runtime.supervision.rundir import (
     DiskFull,
+    check_logs,
     check_out,
     fired_in_stale,
     plan_manifest,
+    set_aside,
+    set_aside_strays,
     stale_attempt,
+    with_strays,
     write_record,
 )
 from ecrl.runtime.supervision.signals import stop_signals
@@ -120,7 +124,7 @@ class Supervisor:
         check_out(self.config.out, root)
         self.paths = RunPaths.of(root)
         if self.paths.manifest.exists():
-            existing = read_json_record(self.paths.manifest, RunManifest)
+            existing = read_json_record(self.paths.manifest, RunManifest, root=root)
             # Settings not given now are the run's own: `ecrl run --out DIR` alone continues it.
             # The deadline belongs to one invocation (a job's time limit), never to the run.
             stored = {k: v for k, v in existing.extra.get("config", {}).items()
@@ -132,7 +136,7 @@ class Supervisor:
                            fields=RUN_FIELDS, planned_by="the settings given have",
                            fresh="a new --out")
             self._take_lock()
-            state = (read_json_record(self.paths.supervisor, SupervisorState)
+            state = (read_json_record(self.paths.supervisor, SupervisorState, root=root)
                      if self.paths.supervisor.exists()
                      else SupervisorState(attempts=[], restarts=0, status="running"))
             if state.status == "completed":
@@ -141,6 +145,8 @@ class Supervisor:
                                                 target_steps=existing.target_steps))
                 return False
             self.manifest, self.state = existing, state
+            # Nothing under logs/ is read before it is known to hold no link or special file.
+            strays = self._check_logs(state)
             # No valid checkpoint left for a run that committed some: stop before any write.
             self._choice = self._resume_point()
             attempts = [self._stale(a) if a.status == "running" else a for a in state.attempts]
@@ -148,7 +154,7 @@ class Supervisor:
             self.manifest = replace(existing, extra={**existing.extra, "config": config})
             self._write(self.paths.manifest, self.manifest)
             self.state = replace(state, attempts=attempts, status="running",
-                                 extra=fired_in_stale(self.paths, state))
+                                 extra=with_strays(fired_in_stale(self.paths, state), strays))
             self._report(RunResumed(command=self.name, root=root,
                                     earlier_attempts=len(attempts)))
         else:
@@ -168,6 +174,19 @@ class Supervisor:
             self.state = SupervisorState(attempts=[], restarts=0, status="running",
                                          extra={"injected_failures": []})
         self._save()
+        return True
+
+    def _check_logs(self, state: SupervisorState) -> list[dict[str, str]]:
+        """Refuse a continuation whose logs hold a link or special file (:func:`check_logs`), and
+        set aside the attempt folders ``supervisor.json`` does not record, so that the next
+        attempt is numbered after the recorded ones and never shares a folder with a stray."""
+        recorded = [a.attempt for a in state.attempts]
+        check_logs(self.paths, recorded)
+        return set_aside_strays(self.paths, recorded) if self._owns_logs() else []
+
+    def _owns_logs(self) -> bool:
+        """Whether every attempt folder under logs/ is this supervisor's (not with several
+        nodes: the others create theirs in the shared directory)."""
         return True
 
     def _stale(self, a: SupervisorAttempt) -> SupervisorAttempt:
@@ -226,7 +245,7 @@ class Supervisor:
         paths = self.paths
         paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
         meter = ProgressMeter(target=self.manifest.target_steps)
-        tail = StepTail(paths.rank_log(attempt, 0))
+        tail = StepTail(paths.rank_log(attempt, 0), root=paths.root)
         variables = self._attempt_env(attempt, pointer, fail_at).to_environ()
         proc = None
         if self._standby is not None:
@@ -275,8 +294,17 @@ class Supervisor:
         self._stop = signum
 
     def _next_attempt(self) -> int:
-        numbers = [a.attempt for a in self.state.attempts] + self.paths.attempts()
-        return max(numbers) + 1 if numbers else 0
+        # After the recorded attempts only: a folder planted under logs/ must neither leave a gap
+        # in supervisor.json's numbering nor receive the new attempt's records.
+        numbers = [a.attempt for a in self.state.attempts]
+        attempt = max(numbers) + 1 if numbers else 0
+        if self._owns_logs():
+            moved = set_aside(self.paths, attempt)
+            if moved is not None:
+                self.state = replace(self.state, extra=with_strays(self.state.extra, [{
+                    "folder": f"logs/{self.paths.attempt_dir(attempt).name}",
+                    "moved_to": f"logs/{moved}"}]))
+        return attempt
 
     def _finish(self, status: str) -> None:
         self.state = replace(self.state, status=status)
