@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ecrl.contract import safepath
 from ecrl.contract.ckptfile import (
     CHECKSUM_ALGORITHM,
     CheckpointError,
@@ -43,9 +44,9 @@ from ecrl.contract.ckptfile import (
 )
 
 __all__ = ["SUFFIX", "RECYCLED", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS",
-           "BYTE_CHUNKS_SINCE", "METADATA_FILE", "ALIGN",
+           "PICKLED_VERSIONS", "METADATA_FILE", "ALIGN",
            "chunk_key", "pack_chunks", "file_checksum", "encode_manifest", "VerifiedShards",
-           "read_verified_shards"]
+           "read_verified_shards", "check_part"]
 
 SUFFIX = ".dcp"
 RECYCLED = ".recycled.dcp"
@@ -57,9 +58,11 @@ METADATA_FILE = ".metadata"
 FORMAT_NAME = "ecrl-dcp"
 FORMAT_VERSION = 3
 """3: each chunk a DCP byte entry; 2: each chunk a uint8 tensor entry (``torch.save``'d); 1 had
-one DCP entry per tensor."""
-READABLE_VERSIONS = (2, 3)
-BYTE_CHUNKS_SINCE = 3
+one DCP entry per tensor. Only 3 is read: 1 and 2 hold pickles."""
+READABLE_VERSIONS = (3,)
+PICKLED_VERSIONS = (1, 2)
+"""Formats whose chunks (1: whole tensors) DCP stored with ``torch.save``: refused, never
+unpickled."""
 ALIGN = 64
 """Byte alignment of every tensor inside its chunk (any dtype's view of the bytes is aligned)."""
 _CHUNK = 1 << 22
@@ -97,7 +100,7 @@ def file_checksum(path: str | os.PathLike[str]) -> tuple[str, int]:
     """``("sha256:<hex>", size)`` of a file, read in chunks."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as handle:
+    with safepath.read_regular(path, error=CheckpointError) as handle:
         while chunk := handle.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -130,13 +133,18 @@ class VerifiedShards:
 def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str | None = None,
                          check_parts: bool = True) -> VerifiedShards:
     """Verify the sharded checkpoint directory ``path``; every problem is one-line
-    :class:`CheckpointError` naming the file."""
+    :class:`CheckpointError` naming the file.
+
+    ``check_parts=False`` checks the manifest only: for a loader that hashes every byte it reads
+    as it reads it (:func:`ecrl.runtime.checkpoint.sharded.load`), so that what is checked is
+    what is loaded, with no second pass."""
     root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: sharded checkpoint directory is missing")
+    safepath.require_dir(root, error=CheckpointError,
+                         missing="sharded checkpoint directory is missing")
     manifest_path = root / MANIFEST
     try:
-        raw = manifest_path.read_bytes()
+        with safepath.read_regular(manifest_path, error=CheckpointError) as handle:
+            raw = handle.read()
     except FileNotFoundError:
         raise CheckpointError(f"{manifest_path}: manifest is missing (the checkpoint was never "
                               "completed)") from None
@@ -144,16 +152,26 @@ def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str
         raise CheckpointError(f"{manifest_path}: cannot read: {exc.strerror}") from None
     actual = f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(raw).hexdigest()}"
     check_committed(manifest_path, actual, expected_checksum)
+    _refuse_pickled_chunks(manifest_path, raw)
     manifest = parse_format_document(manifest_path, raw, name=FORMAT_NAME,
                                      version=READABLE_VERSIONS)
     parts = manifest.get("parts")
     if not isinstance(parts, dict) or METADATA_FILE not in parts:
         raise CheckpointError(f"{manifest_path}: lists no DCP metadata among its parts")
     for name, info in parts.items():
-        if not isinstance(name, str) or "/" in name or name in ("", ".", "..", MANIFEST) \
-                or not isinstance(info, dict):
+        safepath.check_name(name, where=f"{manifest_path}: part", error=CheckpointError)
+        if name == MANIFEST or not isinstance(info, dict) \
+                or not isinstance(info.get("size"), int) or info["size"] < 0 \
+                or not isinstance(info.get("checksum"), str):
             raise CheckpointError(f"{manifest_path}: part {name!r} is not a file of the "
-                                  "checkpoint directory")
+                                  "checkpoint directory with a size and a checksum")
+    chunks = manifest.get("chunks")
+    if not isinstance(chunks, list) or not all(
+            isinstance(c, dict) and c.get("key") == chunk_key(k)
+            and isinstance(c.get("nbytes"), int) and c["nbytes"] >= 0
+            for k, c in enumerate(chunks)):
+        raise CheckpointError(f"{manifest_path}: its chunks are not c000, c001, … with a size "
+                              "each")
     if check_parts:
         for name, info in sorted(parts.items()):
             part = root / name
@@ -163,11 +181,32 @@ def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str
                 raise CheckpointError(f"{part}: part of the checkpoint is missing") from None
             except OSError as exc:
                 raise CheckpointError(f"{part}: cannot read: {exc.strerror}") from None
-            if size != info.get("size"):
-                raise CheckpointError(f"{part}: {size} bytes, the manifest says "
-                                      f"{info.get('size')}: the part is truncated or damaged")
-            if checksum != info.get("checksum"):
-                raise CheckpointError(
-                    f"{part}: checksum mismatch (manifest says {str(info.get('checksum'))[:23]}…, "
-                    f"content hashes to {checksum[:23]}…): the part is corrupt")
+            check_part(part, info, checksum, size)
     return VerifiedShards(path=root, manifest=manifest, checksum=actual)
+
+
+def check_part(part: Path, info: dict[str, Any], checksum: str, size: int) -> None:
+    """Refuse a part whose size or checksum is not the manifest's ``info``."""
+    if size != info.get("size"):
+        raise CheckpointError(f"{part}: {size} bytes, the manifest says "
+                              f"{info.get('size')}: the part is truncated or damaged")
+    if checksum != info.get("checksum"):
+        raise CheckpointError(
+            f"{part}: checksum mismatch (manifest says {str(info.get('checksum'))[:23]}…, "
+            f"content hashes to {checksum[:23]}…): the part is corrupt")
+
+
+def _refuse_pickled_chunks(manifest_path: Path, raw: bytes) -> None:
+    """Format 2 stored each chunk as a ``torch.save``'d tensor entry: loading one means
+    unpickling bytes from the run directory, which ECRL never does. Refused with what to do."""
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return  # parse_format_document says what is wrong
+    if isinstance(document, dict) and document.get("format") == FORMAT_NAME \
+            and document.get("version") in PICKLED_VERSIONS:
+        raise CheckpointError(
+            f"{manifest_path}: sharded checkpoint format {document['version']} (written by "
+            "ECRL 0.1.0 before commit 9d876b3) keeps its chunks as pickles, which this ECRL "
+            f"never loads; continue the run once with --strategy blocking under the ECRL that "
+            f"wrote it (or start a new run)")
