@@ -21,15 +21,21 @@ DCP's metadata are durable; ``parts`` maps every other file of the directory to 
 SHA-256. The checkpoint's checksum (the one ``latest.json`` records) is the SHA-256 of the
 manifest's bytes, so one checksum covers every part. Verifying a checkpoint
 (:func:`read_verified_shards`) reads the manifest, checks that checksum, then every part's size
-and hash, before DCP touches a byte: DCP's ``.metadata`` is a pickle, and it is only unpickled
-(by a restricted unpickler) once it is known to be the one the run wrote.
+and hash. Nothing is read through a link or from a special file (:mod:`ecrl.contract.safepath`).
+DCP's ``.metadata`` is a pickle: :func:`chunk_locations` parses it, once its bytes hash to the
+manifest's checksum, with an unpickler that calls nothing: the few DCP metadata classes a format-3
+checkpoint names become plain local records (torch is never imported), any other name is refused;
+then every chunk's place must be inside a part the manifest covers. Formats 1 and 2 kept
+``torch.save``'d data and are refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +52,7 @@ from ecrl.contract.ckptfile import (
 __all__ = ["SUFFIX", "RECYCLED", "MANIFEST", "FORMAT_NAME", "FORMAT_VERSION", "READABLE_VERSIONS",
            "PICKLED_VERSIONS", "METADATA_FILE", "ALIGN",
            "chunk_key", "pack_chunks", "file_checksum", "encode_manifest", "VerifiedShards",
-           "read_verified_shards", "check_part"]
+           "read_verified_shards", "check_part", "chunk_locations", "ChunkPlace"]
 
 SUFFIX = ".dcp"
 RECYCLED = ".recycled.dcp"
@@ -182,6 +188,9 @@ def read_verified_shards(path: str | os.PathLike[str], *, expected_checksum: str
             except OSError as exc:
                 raise CheckpointError(f"{part}: cannot read: {exc.strerror}") from None
             check_part(part, info, checksum, size)
+        verified = VerifiedShards(path=root, manifest=manifest, checksum=actual)
+        chunk_locations(verified)  # where DCP put each chunk: inside the parts just checked
+        return verified
     return VerifiedShards(path=root, manifest=manifest, checksum=actual)
 
 
@@ -210,3 +219,105 @@ def _refuse_pickled_chunks(manifest_path: Path, raw: bytes) -> None:
             "ECRL 0.1.0 before commit 9d876b3) keeps its chunks as pickles, which this ECRL "
             f"never loads; continue the run once with --strategy blocking under the ECRL that "
             f"wrote it (or start a new run)")
+
+
+class _Record:
+    """A DCP metadata object as plain data: the attributes its pickle sets, nothing called."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", "Metadata"),
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+}
+_RECORDS = {name: type(name, (_Record,), {}) for _module, name in _DCP_CLASSES}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Parses a format-3 ``.metadata`` without calling anything: DCP's metadata dataclasses
+    become :class:`_Record` subclasses of the same name, a path its string; every other global
+    is refused instead of imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _DCP_CLASSES:
+            return _RECORDS[name]
+        if module in ("pathlib", "pathlib._local") and name in ("PosixPath", "PurePosixPath"):
+            return _path
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of the DCP "
+                                     "metadata of a byte-chunk checkpoint")
+
+
+def _path(*parts: object) -> str:
+    """A pickled path (its parts) as a string: DCP records where the checkpoint was written."""
+    return "/".join(map(str, parts))
+
+
+ChunkPlace = tuple[str, int, int]
+"""Where a chunk lies: (part's file name, byte offset, length)."""
+
+
+def _is(obj: object, name: str) -> bool:
+    return isinstance(obj, _RECORDS[name])
+
+
+def chunk_locations(ckpt: VerifiedShards) -> dict[str, ChunkPlace]:
+    """Chunk key → where DCP's ``.metadata`` says its bytes lie, refused in one line naming the
+    field and the file unless each is the whole chunk inside a part the manifest covers (a plain
+    file name: not absolute, no ``..``, not the metadata or the manifest)."""
+    path = ckpt.path / METADATA_FILE
+    try:
+        with safepath.read_regular(path, error=CheckpointError) as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: part of the checkpoint is missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
+    parts: dict[str, Any] = ckpt.manifest["parts"]
+    check_part(path, parts[METADATA_FILE],
+               f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(raw).hexdigest()}", len(raw))
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except Exception as exc:  # a crafted pickle can make the parser raise anything
+        raise CheckpointError(f"{path}: refused DCP metadata ({exc})") from None
+    entries = getattr(metadata, "state_dict_metadata", None)
+    storage = getattr(metadata, "storage_data", None)
+    if not _is(metadata, "Metadata") or not isinstance(entries, dict) \
+            or not isinstance(storage, dict):
+        raise CheckpointError(f"{path}: not DCP metadata (no state_dict_metadata and "
+                              "storage_data tables)")
+    sizes = {str(c["key"]): int(c["nbytes"]) for c in ckpt.manifest["chunks"]}
+    if set(entries) != set(sizes) or not all(_is(e, "BytesStorageMetadata")
+                                             for e in entries.values()):
+        raise CheckpointError(f"{path}: state_dict_metadata holds {sorted(map(str, entries))}, "
+                              f"the manifest's chunks are byte entries {sorted(sizes)}")
+    found: dict[str, ChunkPlace] = {}
+    for index, info in storage.items():
+        key = getattr(index, "fqn", None)
+        where = f"{path}: storage_data of chunk {key!r}"
+        if not _is(index, "MetadataIndex") or not _is(info, "_StorageInfo") \
+                or key not in sizes or key in found or getattr(index, "offset", None) is not None:
+            raise CheckpointError(f"{where}: not one entry per chunk of the manifest")
+        relative = getattr(info, "relative_path", None)
+        safepath.check_relative(relative, where=f"{where}: relative_path", error=CheckpointError)
+        if relative in (METADATA_FILE, MANIFEST) or relative not in parts:
+            raise CheckpointError(f"{where}: relative_path {relative!r} is not a part the "
+                                  "manifest's checksums cover; refused")
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if getattr(info, "transform_descriptors", None):
+            raise CheckpointError(f"{where}: transform_descriptors "
+                                  f"{info.transform_descriptors!r}: ECRL writes none; refused")
+        if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 \
+                or length != sizes[key] or offset + length > int(parts[relative]["size"]):
+            raise CheckpointError(
+                f"{where}: offset {offset!r}, length {length!r} is not the chunk's "
+                f"{sizes[key]} bytes inside {relative} ({parts[relative]['size']} bytes)")
+        found[str(key)] = (str(relative), offset, length)
+    if set(found) != set(sizes):
+        raise CheckpointError(f"{path}: storage_data does not place chunk(s) "
+                              f"{sorted(set(sizes) - set(found))}")
+    return found
