@@ -14,12 +14,20 @@ two gloo ranks, real files and fsyncs) that something goes wrong in, on purpose:
   is continued;
 - ``enospc``: the checkpoint's write call fails with ``OSError(ENOSPC)``; once refused, the run is
   continued as a user would after freeing space;
-- ``hang``: rank 1 is stopped (SIGSTOP) mid-run; the collective timeout must end the attempt.
+- ``hang``: rank 1 is stopped (SIGSTOP) mid-run; the collective timeout must end the attempt;
+- ``forge``: an attacker with write access to the run directory: a stopped run's newest checkpoint
+  is replaced by a forged one whose pickle payload would create a marker file (format 2, chunks
+  ``torch.save``'d; for the blocking strategies planted as a ``.dcp`` that ``latest.json`` is
+  pointed at), or a sharded one's ``.metadata`` places its chunk in the previous checkpoint's part
+  (``relative_path`` ``../…``), every checksum recomputed; then the run is continued. Or, while a
+  sharded run trains, ``checkpoints/.recycled.dcp`` is replaced by a link to a directory outside
+  the run, which must come out untouched.
 
 A case is *safe* when it ends in a completed run that ``ecrl-verify`` passes with parameters
 bit-identical to the same run without faults (and, for damaged checkpoints, resumed from the newest
-valid earlier one), or in a clear one-line refusal that leaves a valid checkpoint behind. Anything
-else — above all a wrong resume that exits 0 — is ``UNSAFE``. ``ecrl faults`` exits 0 when every
+valid earlier one), or in a clear one-line refusal that leaves a valid checkpoint behind; a forged
+case must also have run no code and touched nothing outside the run. Anything else — above all a
+wrong resume that exits 0 — is ``UNSAFE``. ``ecrl faults`` exits 0 when every
 case is safe.
 """
 
@@ -74,13 +82,13 @@ class FaultCase:
     name: str
     strategy: str
     kind: str
-    """kill, sigkill, crash, damage, latest, enospc or hang."""
+    """kill, sigkill, crash, damage, latest, enospc, hang or forge."""
     rank: int = 0
     env: tuple[tuple[str, str], ...] = ()
     fail_at: int | None = None
     damage: str | None = None
     """damage: ``flip:FILE``, ``truncate:FILE``, ``delete``; latest: stale, dangling, garbage,
-    delete."""
+    delete; forge: pickle, relative-path, recycled-link."""
     expect: str | None = None
     """The checkpoint the continued run must resume from (damage cases): ``newest`` (the one
     the stopped run's latest.json named) or ``previous`` (the one before it)."""
@@ -131,6 +139,20 @@ def _files_of(strategy: str) -> tuple[str, ...]:
     return ("__0_0.distcp", "__1_0.distcp", ".metadata", MANIFEST)
 
 
+def _forge_cases(strategy: str) -> list[FaultCase]:
+    sharded = strategy_entry(strategy).sharded
+    out = [FaultCase(name="forged checkpoint with a pickle payload" + (
+        "" if sharded else " (a .dcp latest.json is pointed at)"), strategy=strategy,
+        kind="forge", damage="pickle", expect="previous")]
+    if sharded:
+        out.append(FaultCase(name="forged .metadata: relative_path ../ (previous part)",
+                             strategy=strategy, kind="forge", damage="relative-path",
+                             expect="previous"))
+        out.append(FaultCase(name="checkpoints/.recycled.dcp replaced by a link out of the run",
+                             strategy=strategy, kind="forge", damage="recycled-link"))
+    return out
+
+
 def cases(*, quick: bool) -> list[FaultCase]:
     """The campaign (``quick``: a small subset that still covers every kind of damage)."""
     if quick:
@@ -172,6 +194,7 @@ def cases(*, quick: bool) -> list[FaultCase]:
                                  else "sharded") + ":enospc:2:0"),)))
         out.append(FaultCase(name="hung rank 1 (SIGSTOP)", strategy=strategy, kind="hang",
                              rank=1))
+        out += _forge_cases(strategy)
     # Interleaved (one case of each strategy in turn), so that any prefix of the campaign covers
     # every strategy alike; then in the table, grouped by strategy.
     width = max(len(v) for v in per.values())
@@ -344,6 +367,131 @@ def _damage(root: Path, case: FaultCase) -> None:
     target.write_bytes(bytes(data))
 
 
+PAYLOAD_MARKER = "FORGED-PAYLOAD-RAN"
+"""Created (in the case's run directory) by the forged pickle, should anything unpickle it."""
+
+
+class _RunsCode:
+    """The forged pickle: loading it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+def _outside(root: Path) -> Path:
+    """The directory outside the run that a planted link points at (recycled-link)."""
+    return root.parent / f"{root.name}-outside"
+
+
+def _rewrite_checksums(directory: Path, latest_path: Path, names: Sequence[str],
+                       version: int | None = None) -> None:
+    """Recompute the manifest's checksums of ``names`` and latest.json's of the manifest, and
+    point latest.json at ``directory``: what a forger does."""
+    from ecrl.contract.shardfile import file_checksum
+
+    manifest = json.loads((directory / MANIFEST).read_text())
+    for name in names:
+        checksum, size = file_checksum(directory / name)
+        manifest["parts"][name] = {"checksum": checksum, "size": size}
+    if version is not None:
+        manifest["version"] = version
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    latest = json.loads(latest_path.read_text())
+    latest.update(path=directory.name, checksum=file_checksum(directory / MANIFEST)[0])
+    latest_path.write_text(json.dumps(latest))
+
+
+def _forge(root: Path, case: FaultCase) -> None:
+    import io
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+    )
+
+    from ecrl.runtime.checkpoint.persist import read_checkpoint
+
+    checkpoints = root / "checkpoints"
+    latest_path = checkpoints / "latest.json"
+    latest = json.loads(latest_path.read_text())
+    newest = checkpoints / latest["path"]
+    if case.damage == "pickle":
+        meta = read_checkpoint(newest).meta
+        buffer = io.BytesIO()
+        torch.save(_RunsCode(root / PAYLOAD_MARKER), buffer)
+        payload = buffer.getvalue()
+        forged = checkpoints / f"{newest.name.rsplit('.', 1)[0]}.dcp"
+        if forged.exists():
+            shutil.rmtree(forged)
+        forged.mkdir()
+        (forged / "__0_0.distcp").write_bytes(payload)
+        (forged / ".metadata").write_bytes(pickle.dumps(Metadata(
+            state_dict_metadata={"c000": BytesStorageMetadata()},
+            storage_data={MetadataIndex("c000"): _StorageInfo("__0_0.distcp", 0, len(payload))})))
+        (forged / MANIFEST).write_text(json.dumps({
+            "format": "ecrl-dcp", "version": 2, "meta": meta, "tree": {}, "tensors": [],
+            "chunks": [{"key": "c000", "nbytes": len(payload)}], "parts": {}}))
+        _rewrite_checksums(forged, latest_path, ["__0_0.distcp", ".metadata"])
+    elif case.damage == "relative-path":
+        older = max(p.name for p in checkpoints.iterdir()
+                    if p.name.endswith(".dcp") and p.name < newest.name)
+        metadata = pickle.loads((newest / ".metadata").read_bytes())  # ECRL's own file
+        metadata.storage_data = {index: _StorageInfo(f"../{older}/{info.relative_path}",
+                                                     info.offset, info.length)
+                                 for index, info in metadata.storage_data.items()}
+        (newest / ".metadata").write_bytes(pickle.dumps(metadata))
+        _rewrite_checksums(newest, latest_path, [".metadata"])
+
+
+def _link_recycled_at(step: int) -> Callable[[subprocess.Popen[str], Path], None]:
+    """A watcher: once rank 0 of attempt 0 logged ``step``, replace ``checkpoints/.recycled.dcp``
+    by a link to a directory outside the run holding a part and a file of its own."""
+
+    def watch(proc: subprocess.Popen[str], root: Path) -> None:
+        from ecrl.contract.shardfile import RECYCLED
+
+        outside = _outside(root)
+        outside.mkdir(parents=True, exist_ok=True)
+        (outside / "__0_0.distcp").write_bytes(b"not ECRL's")
+        (outside / "notes.txt").write_bytes(b"not ECRL's either")
+        log = RunPaths.of(root).rank_log(0, 0)
+        deadline = time.monotonic() + CASE_TIMEOUT_S / 2
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if log.exists() and log.read_bytes().count(b"\n") > step:
+                    recycled = root / "checkpoints" / RECYCLED
+                    shutil.rmtree(recycled, ignore_errors=True)
+                    with contextlib.suppress(FileExistsError):
+                        recycled.symlink_to(outside, target_is_directory=True)
+                    return
+            time.sleep(0.005)
+
+    return watch
+
+
+def _forge_damage(root: Path, case: FaultCase) -> str | None:
+    """What a forged case left that it must not have (None: nothing)."""
+    if (root / PAYLOAD_MARKER).exists():
+        return "the forged pickle ran"
+    outside = _outside(root)
+    if case.damage == "recycled-link" and (
+            sorted(p.name for p in outside.iterdir()) != ["__0_0.distcp", "notes.txt"]
+            or (outside / "__0_0.distcp").read_bytes() != b"not ECRL's"
+            or (outside / "notes.txt").read_bytes() != b"not ECRL's either"):
+        return "files outside the run were written or deleted"
+    links = [p.name for p in (root / "checkpoints").rglob("*") if p.is_symlink()]
+    if links and case.damage == "recycled-link":
+        return f"checkpoints hold links: {', '.join(links[:3])}"
+    return None
+
+
 @dataclass(slots=True)
 class _Campaign:
     work: Path
@@ -379,15 +527,22 @@ class _Campaign:
         elif case.kind == "hang":
             args += ["--collective-timeout-s", str(HANG_TIMEOUT_S)]
             watch = _signal_rank_at(case.rank, 6, signal.SIGSTOP)
+        elif case.kind == "forge" and case.damage == "recycled-link":
+            shutil.rmtree(_outside(root), ignore_errors=True)
+            watch = _link_recycled_at(9)  # checkpoint 8 retired 2: its parts wait for 11
         expect: int | None = None
         refusal_ok = False
-        if case.kind in ("damage", "latest"):
+        if case.kind in ("damage", "latest") or (case.kind == "forge"
+                                                  and case.damage != "recycled-link"):
             shutil.copytree(self.base(case.strategy), root,
                             ignore=shutil.ignore_patterns(".supervisor.lock"))
             expect = _expected(root, case.expect)
             # No earlier checkpoint to fall back to: the one right answer is the refusal.
             refusal_ok = expect is None
-            _damage(root, case)
+            if case.kind == "forge":
+                _forge(root, case)
+            else:
+                _damage(root, case)
             code, err = _ecrl_run(root, [])
         else:
             code, err = _ecrl_run(root, args, env, watch)
@@ -410,6 +565,8 @@ class _Campaign:
                 return self._result(case, root, t0, code, err, unsafe=str(exc))
             outcome = f"refused ({refusal.split('error: ', 1)[-1][:60]}…), continued: "
             code, err = _ecrl_run(root, [])  # space freed: the same command again
+        if case.kind == "forge" and (harm := _forge_damage(root, case)) is not None:
+            return self._result(case, root, t0, code, err, unsafe=harm)
         if refusal_ok and code != 0 and NO_CHECKPOINT_LEFT in _error_line(err):
             return self._result(case, root, t0, code, err, refused=True)
         return self._result(case, root, t0, code, err, prefix=outcome, expect=expect)
@@ -456,7 +613,8 @@ def run_campaign(*, quick: bool, work: Path, jobs: int = 1,
     if code != 0:
         raise RuntimeError(f"the reference run failed: {_error_line(err) or err[-300:]}")
     campaign.reference = _digest(ref)
-    for strategy in sorted({c.strategy for c in todo if c.kind in ("damage", "latest")}):
+    for strategy in sorted({c.strategy for c in todo if c.kind in ("damage", "latest")
+                            or (c.kind == "forge" and c.damage != "recycled-link")}):
         campaign.base(strategy)  # before the pool: bases are shared
 
     partial = work / "faults.partial.jsonl"

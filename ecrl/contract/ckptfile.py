@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ecrl.contract import safepath
 from ecrl.contract.errors import EcrlError
 
 __all__ = [
@@ -122,7 +123,7 @@ def seal(image: memoryview, size: int) -> str:
 
 def checksum_of(path: str | os.PathLike[str]) -> str:
     """The checksum a sealed checkpoint file claims in its footer (not verified)."""
-    with open(path, "rb") as handle:
+    with safepath.read_regular(path, error=CheckpointError) as handle:
         handle.seek(-FOOTER_SIZE, os.SEEK_END)
         footer = handle.read(FOOTER_SIZE)
     if len(footer) != FOOTER_SIZE or not footer.startswith(FOOTER_TAG):
@@ -182,9 +183,10 @@ def read_verified(path: str | os.PathLike[str], *, expected_checksum: str | None
     """
     p = Path(path)
     try:
-        size = p.stat().st_size
-        data = bytearray(size)
-        with open(p, "rb", buffering=0) as handle:
+        # Never through a link, never a FIFO: the bytes checked are those of this very file.
+        with safepath.read_regular(p, error=CheckpointError) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            data = bytearray(size)
             view = memoryview(data)
             got = 0
             while got < size:

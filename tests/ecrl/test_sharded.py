@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
-           stop_after: int | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+           stop_after: int | None = None, between: Callable[[int], None] | None = None
+           ) -> tuple[list[float], dict[str, torch.Tensor]]:
     _attempt._CACHE.clear()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
@@ -71,6 +73,8 @@ def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
         log.step(step, sample_ids=ids, loss=loss)
         ckpt.after_step(step)
         losses.append(float(loss.detach()))
+        if between is not None:
+            between(step)
         if step == stop_after:
             break
     ckpt.close()
@@ -146,33 +150,155 @@ def test_a_chunk_is_written_from_its_pieces_padded_to_their_offsets(tmp_path: Pa
         list(storage.ChunkBytes([(0, a)], 16).views())
 
 
-def test_a_format_2_checkpoint_still_loads(
-        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Format 2 stored each chunk as a uint8 tensor entry, through DCP's default planner.
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+def _forge(directory: Path, *, files: dict[str, bytes], version: int | None = None) -> None:
+    """What an attacker with write access does: replace files of a sharded checkpoint, then
+    recompute every checksum ECRL keeps (the manifest's and latest.json's) so that they match."""
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    for name in files:
+        checksum, size = file_checksum(directory / name)
+        manifest["parts"][name] = {"checksum": checksum, "size": size}
+    if version is not None:
+        manifest["version"] = version
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    latest_path = directory.parent / "latest.json"
+    latest = json.loads(latest_path.read_text())
+    latest["checksum"] = file_checksum(directory / MANIFEST)[0]
+    latest["path"] = directory.name
+    latest["global_step"] = manifest["meta"]["global_step"]
+    latest_path.write_text(json.dumps(latest))
 
-    from ecrl.contract import shardfile
-    from ecrl.runtime.checkpoint import sharded
-    from ecrl.runtime.checkpoint.sharded import _commit as commit
 
-    new_state = sharded.ShardedCheckpoints._dcp_state
+def _metadata_placing(directory: Path, relative_path: str, length: int | None = None) -> bytes:
+    """The checkpoint's own DCP metadata with chunk c000 placed at ``relative_path``."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    def as_tensors(self: Any, job: Any) -> dict[str, torch.Tensor]:
-        return {key: torch.frombuffer(bytearray(b"".join(bytes(v) for v in chunk.views())),
-                                      dtype=torch.uint8)
-                for key, chunk in new_state(self, job).items()}
+    metadata = pickle.loads((directory / ".metadata").read_bytes())  # the test's own file
+    (index, info), = metadata.storage_data.items()
+    metadata.storage_data = {index: _StorageInfo(
+        relative_path=relative_path, offset=0,
+        length=info.length if length is None else length)}
+    return pickle.dumps(metadata)
 
-    with monkeypatch.context() as old:
-        old.setattr(sharded.ShardedCheckpoints, "_dcp_state", as_tensors)
-        old.setattr(commit, "ChunkPlanner", DefaultSavePlanner)
-        old.setattr(shardfile, "FORMAT_VERSION", 2)
-        cut, _ = _train(tmp_path, strategy="sharded", stop_after=9)
-    manifest = json.loads((tmp_path / "checkpoints" / "step-00000007.dcp" / MANIFEST).read_text())
-    assert manifest["version"] == 2
-    losses, final = whole
-    rest, resumed = _train(tmp_path, strategy="sharded")
-    assert cut[:8] + rest == losses
+
+def _payload(marker: Path) -> bytes:
+    """A ``torch.save`` file whose pickle creates ``marker`` when it is loaded."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(_Marker(marker), buffer)
+    return buffer.getvalue()
+
+
+class _Marker:
+    """A pickle that creates ``path`` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.parametrize("strategy", ["sharded", "blocking"])
+def test_a_forged_format_2_checkpoint_with_a_pickle_payload_is_refused_and_never_run(
+        tmp_path: Path, strategy: str) -> None:
+    # Format 2 kept chunks as torch.save'd entries, which DCP's default planner hands to
+    # torch.load(weights_only=False). A forged one, checksums recomputed, planted in a sharded
+    # run, or in a blocking run whose latest.json is pointed at it:
+    marker = tmp_path / "MARKER"
+    source = _sharded_run(tmp_path / "source")
+    run = tmp_path / "run"
+    _train(run, strategy=strategy, stop_after=9)
+    planted = run / "checkpoints" / source.name
+    if strategy == "blocking":
+        import shutil
+
+        shutil.copytree(source, planted)
+    payload = _payload(marker)
+    _forge(planted, files={"__0_0.distcp": payload,
+                           ".metadata": _metadata_placing(planted, "__0_0.distcp", len(payload))},
+           version=2)
+    with pytest.raises(CheckpointError, match=r"ecrl-manifest\.json: sharded checkpoint format 2 "
+                                              r"\(written by ECRL .*never loads; continue the run "
+                                              r"once with --strategy blocking") as info:
+        _train(run, strategy=strategy)
+    assert "\n" not in str(info.value)
+    assert not marker.exists()
+
+
+def test_a_forged_chunk_holding_a_pickle_is_only_bytes(tmp_path: Path) -> None:
+    # Format 3 with the same payload: the chunk is copied as bytes, never unpickled; the bytes
+    # are not a state, so the resume is refused (their size is not the chunk's), not run.
+    marker = tmp_path / "MARKER"
+    directory = _sharded_run(tmp_path)
+    payload = _payload(marker)
+    _forge(directory, files={"__0_0.distcp": payload,
+                             ".metadata": _metadata_placing(directory, "__0_0.distcp",
+                                                            len(payload))})
+    with pytest.raises(CheckpointError, match=r"storage_data of chunk 'c000': offset 0, length"):
+        _train(tmp_path, strategy="sharded")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["up", "absolute", "unlisted"])
+def test_a_relative_path_the_checksums_do_not_cover_is_refused(tmp_path: Path, where: str
+                                                               ) -> None:
+    directory = _sharded_run(tmp_path)  # checkpoints after steps 3 and 7; latest names 7
+    older = directory.parent / "step-00000003.dcp" / "__0_0.distcp"
+    target = {"up": "../step-00000003.dcp/__0_0.distcp", "absolute": str(older),
+              "unlisted": "__9_0.distcp"}[where]
+    if where == "unlisted":
+        import shutil
+
+        shutil.copy(older, directory / "__9_0.distcp")
+    # The older part has the same size: DCP read its state and resumed from it, exit 0.
+    assert older.stat().st_size == (directory / "__0_0.distcp").stat().st_size
+    _forge(directory, files={".metadata": _metadata_placing(directory, target)})
+    message = {"up": r"relative_path: '\.\./step-00000003\.dcp/__0_0\.distcp' leads out of "
+                     r"its directory",
+               "absolute": r"relative_path: '/.*' is an absolute path",
+               "unlisted": r"relative_path '__9_0\.distcp' is not a part the manifest's checksums "
+                           r"cover"}[where]
+    with pytest.raises(CheckpointError, match=r"\.metadata: storage_data of chunk 'c000': "
+                                              + message) as info:
+        _train(tmp_path, strategy="sharded")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("what", ["directory", "part"])
+def test_recycled_parts_replaced_by_a_link_never_lead_writes_or_deletes_outside_the_run(
+        tmp_path: Path, what: str, whole: tuple[list[float], dict[str, torch.Tensor]]) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "__0_0.distcp").write_bytes(b"must survive")
+    (outside / "notes.txt").write_bytes(b"must survive too")
+    run = tmp_path / "run"
+    recycled = run / "checkpoints" / RECYCLED
+
+    def plant(step: int) -> None:
+        if step == 6:  # after checkpoint 5, whose retention retired 1: its parts are recycled
+            assert recycled.is_dir() and not recycled.is_symlink()
+            if what == "directory":
+                import shutil
+
+                shutil.rmtree(recycled)
+                recycled.symlink_to(outside, target_is_directory=True)
+            else:
+                (recycled / "__0_0.distcp").unlink()
+                (recycled / "__0_0.distcp").symlink_to(outside / "__0_0.distcp")
+
+    _train(run, strategy="sharded", every=2, between=plant)
+    assert sorted(p.name for p in outside.iterdir()) == ["__0_0.distcp", "notes.txt"]
+    assert (outside / "__0_0.distcp").read_bytes() == b"must survive"
+    assert (outside / "notes.txt").read_bytes() == b"must survive too"
+    checkpoints = [p for p in (run / "checkpoints").iterdir() if checkpoint_step(p.name)]
+    assert checkpoints and not any(p.is_symlink() for p in checkpoints)
+    for checkpoint in checkpoints:
+        assert not any(p.is_symlink() for p in checkpoint.iterdir())
+    _, final = whole
+    _, resumed = _train(run, strategy="sharded", every=2)  # nothing left to do: loads step 11
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
@@ -265,7 +391,8 @@ def test_crafted_metadata_is_refused_without_running_code(
     latest_path.write_text(json.dumps(latest))
     monkeypatch.chdir(tmp_path)
     # ... and still runs no code: the metadata unpickler only builds DCP's classes.
-    with pytest.raises(CheckpointError, match="DCP could not load it"):
+    with pytest.raises(CheckpointError, match=r"\.metadata: refused DCP metadata \(it names "
+                                              r"posix\.system"):
         _train(tmp_path, strategy="sharded")
     assert not (tmp_path / "PWNED").exists()
 

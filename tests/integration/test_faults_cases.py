@@ -29,6 +29,18 @@ def test_every_strategy_gets_every_kind_of_fault() -> None:
     assert [c.strategy for c in full[:4]] == list(faults.STRATEGIES)
 
 
+def test_every_strategy_meets_a_forger() -> None:
+    from ecrl.runtime.checkpoint.registry import strategy_entry
+
+    full = faults.cases(quick=False)
+    for strategy in faults.STRATEGIES:
+        forged = {c.damage: c for c in full if c.strategy == strategy and c.kind == "forge"}
+        want = {"pickle", "relative-path", "recycled-link"} if strategy_entry(strategy).sharded \
+            else {"pickle"}
+        assert set(forged) == want, strategy
+        assert all(c.expect == "previous" for k, c in forged.items() if k != "recycled-link")
+
+
 def test_quick_profile_is_a_small_subset_of_the_kinds() -> None:
     quick = faults.cases(quick=True)
     assert len(quick) == 4

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from ecrl import __version__
+from ecrl.contract import safepath
 from ecrl.contract.atomicio import atomic_write_bytes, atomic_write_text
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
@@ -65,6 +66,7 @@ from ecrl.runtime.checkpoint.deadline import (
 )
 from ecrl.runtime.checkpoint.jit import JitCheckpoints, exit_after_rescue
 from ecrl.runtime.checkpoint.persist import (
+    checkpoint_in,
     checkpoint_name,
     checkpoint_step,
     clean_temporaries,
@@ -309,6 +311,8 @@ class Checkpointer:
         checkpoints = self.run.paths.checkpoints
         if self.rank == 0:
             checkpoints.mkdir(parents=True, exist_ok=True)
+            # A link in its place would take every checkpoint write out of the run directory.
+            safepath.require_dir(checkpoints, error=CheckpointError)
             clean_temporaries(checkpoints)
             atomic_write_text(self.run.paths.attempt_dir(self.run.attempt) / SETTINGS_FILE,
                               json.dumps(self.settings.record()) + "\n")
@@ -328,8 +332,10 @@ class Checkpointer:
             if older:
                 step, path, checksum = older[-1], checkpoint_name(older[-1]), None
         # Either format, whatever this attempt's strategy: a run may change strategy between
-        # attempts (a .ckpt file of rank 0, or a sharded .dcp directory).
-        ckpt = read_checkpoint(checkpoints / path, expected_checksum=checksum or None)
+        # attempts (a .ckpt file of rank 0, or a sharded .dcp directory). Neither is ever
+        # unpickled; a sharded checkpoint's parts are hashed by its loader as they are read.
+        ckpt = read_checkpoint(checkpoint_in(checkpoints, path),
+                               expected_checksum=checksum or None, check_parts=False)
         meta = ckpt.meta
         if meta.get("global_step") != step:
             raise CheckpointError(f"{ckpt.path}: holds step {meta.get('global_step')}, "

@@ -31,12 +31,12 @@ import contextlib
 import errno
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ecrl.contract import safepath
 from ecrl.contract.atomicio import CRASH_POINTS, atomic_write_bytes
 from ecrl.contract.ckptfile import (
     FOOTER_SIZE,
@@ -72,6 +72,7 @@ __all__ = [
     "commit_checkpoint",
     "read_latest",
     "read_checkpoint",
+    "checkpoint_in",
     "SHARDED_POINTS",
     "apply_retention",
     "remove_checkpoint",
@@ -213,7 +214,7 @@ def _drop_cached(path: Path) -> None:
     """Let the kernel drop the file's (clean, durable) pages: checkpoints are rarely read back,
     and a training node's memory is better spent elsewhere."""
     if hasattr(os, "posix_fadvise"):
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
@@ -221,19 +222,40 @@ def _drop_cached(path: Path) -> None:
 
 
 def read_latest(paths: RunPaths) -> LatestPointer | None:
-    """The pointer, or None when the run has no committed checkpoint yet."""
-    if not paths.latest.exists():
-        return None
+    """The pointer, or None when the run has no committed checkpoint yet. A link or a special
+    file in its place is refused (:class:`RunFormatError`), never followed or opened."""
+    try:
+        if safepath.kind_of(paths.latest) is None:
+            return None
+    except safepath.UnsafePathError as exc:
+        raise RunFormatError(str(paths.latest), None, str(exc).split(": ", 1)[-1]) from None
     return read_json_record(paths.latest, LatestPointer)
 
 
-def read_checkpoint(path: Path, *, expected_checksum: str | None = None
+def read_checkpoint(path: Path, *, expected_checksum: str | None = None, check_parts: bool = True
                     ) -> VerifiedCheckpoint | VerifiedShards:
     """Verify a checkpoint of either format: a ``.ckpt`` file, or a sharded ``.dcp`` directory
-    (its manifest and every part)."""
+    (its manifest, and every part unless ``check_parts`` is False: then its loader hashes what
+    it reads). ``path`` must be a checkpoint's own name in a real ``checkpoints/`` directory:
+    a link (the checkpoint, or the directory), a special file or any other name is refused."""
+    safepath.require_dir(path.parent, error=CheckpointError)
+    if checkpoint_step(path.name) is None:
+        raise CheckpointError(f"{path}: not the name of a checkpoint (step-GGGGGGGG.ckpt or "
+                              ".dcp); refused")
     if path.name.endswith(SHARD_SUFFIX):
-        return read_verified_shards(path, expected_checksum=expected_checksum)
+        return read_verified_shards(path, expected_checksum=expected_checksum,
+                                    check_parts=check_parts)
     return read_verified(path, expected_checksum=expected_checksum)
+
+
+def checkpoint_in(checkpoints: Path, name: str) -> Path:
+    """``checkpoints/name`` when ``name`` (from ``latest.json`` or the supervisor) is a plain
+    checkpoint name: an absolute path or one with ``/`` or ``..`` never leads out of the run."""
+    safepath.check_name(name, where=f"{checkpoints}: checkpoint", error=CheckpointError)
+    if checkpoint_step(name) is None:
+        raise CheckpointError(f"{checkpoints / name}: not the name of a checkpoint "
+                              "(step-GGGGGGGG.ckpt or .dcp); refused")
+    return checkpoints / name
 
 
 def apply_retention(directory: Path, *, latest_step: int, keep: int,
@@ -257,11 +279,9 @@ def apply_retention(directory: Path, *, latest_step: int, keep: int,
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint file, or a sharded checkpoint's directory."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)  # a sharded checkpoint, or its temporary
-    else:
-        path.unlink(missing_ok=True)
+    """Delete a checkpoint file, or a sharded checkpoint's directory (a link in its place is
+    removed itself, never followed)."""
+    safepath.remove_entry(path)
 
 
 def clean_temporaries(directory: Path) -> list[str]:

@@ -153,22 +153,39 @@ def rebuild_from_bytes(tree: Any, entries: Sequence[Mapping[str, Any]],
     checkpoint formats (one file, or a sharded directory's chunks). ``where`` names the
     checkpoint in errors."""
 
-    def tensor(index: int) -> torch.Tensor:
+    def declared(index: int, itemsize: int) -> tuple[Mapping[str, Any], tuple[int, ...]]:
+        # The bytes become exactly the declared dtype and shape, or the entry is refused.
         entry = entries[index]
-        dtype = getattr(torch, str(entry["dtype"]), None)
+        shape = entry.get("shape") if isinstance(entry, Mapping) else None
+        if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape) \
+                or entry.get("nbytes") != math.prod(shape) * itemsize:
+            raise CheckpointError(f"{where}: tensor {index}'s shape {shape!r} and size "
+                                  f"{entry.get('nbytes') if isinstance(entry, Mapping) else None!r}"
+                                  " do not agree with its dtype")
+        return entry, tuple(shape)
+
+    def tensor(index: int) -> torch.Tensor:
+        name = entries[index].get("dtype") if isinstance(entries[index], Mapping) else None
+        dtype = getattr(torch, name, None) if isinstance(name, str) else None
         if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"{where}: unknown tensor dtype {entry['dtype']!r}")
-        shape = tuple(entry["shape"])
+            raise CheckpointError(f"{where}: unknown tensor dtype {name!r}")
+        entry, shape = declared(index, dtype.itemsize)
         if not int(entry["nbytes"]):
             return torch.empty(shape, dtype=dtype)
         return raw(index).view(dtype).view(shape).clone()
 
     def array(index: int) -> np.ndarray:
-        entry = entries[index]
-        dtype = np.dtype(entry["dtype"])
+        name = entries[index].get("dtype") if isinstance(entries[index], Mapping) else None
+        try:
+            dtype = np.dtype(name) if isinstance(name, str) else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.hasobject:  # an object array would be pointers, not data
+            raise CheckpointError(f"{where}: unknown array dtype {name!r}")
+        entry, shape = declared(index, dtype.itemsize)
         if not int(entry["nbytes"]):
-            return np.empty(entry["shape"], dtype=dtype)
-        return raw(index).numpy().view(dtype).reshape(entry["shape"]).copy()
+            return np.empty(shape, dtype=dtype)
+        return raw(index).numpy().view(dtype).reshape(shape).copy()
 
     return rebuild(tree, tensor=tensor, array=array)
 

@@ -25,10 +25,14 @@ A crash anywhere before 5 leaves ``latest.json`` naming the previous checkpoint,
 protocol on a background thread over a gloo process group of its own, ``max_inflight`` checkpoints
 at most in flight (the next one waits: back-pressure); :meth:`close` waits for every one.
 
-Loading (:func:`load`) works at any world size (each rank reads every tensor; DCP reshards), and
-runs no code: the manifest and every part are verified first, DCP's ``.metadata`` pickle is read by
-a restricted unpickler that only builds DCP's metadata classes, and no pickled object is ever
-stored (non-tensor state is JSON).
+Loading (:func:`load`) works at any world size (each rank reads every chunk) and runs no code:
+DCP's load is not used (its default planner passes byte entries to ``torch.load``); ECRL's
+reader checks ``.metadata`` against the manifest, parses it into plain records
+(:func:`ecrl.contract.shardfile.chunk_locations`: no class of torch's or anyone's is called),
+refuses a chunk placed in any file the manifest does not cover, and hashes each part as it reads
+it; no pickled object is ever stored (non-tensor state is JSON). Links and special
+files in the checkpoint directory, and recycled parts replaced by a link, are refused
+(:mod:`ecrl.contract.safepath`).
 
 ``ECRL_CRASH_AT=sharded:POINT[:N[:ATTEMPT]]`` kills a process at ``POINT`` of its N-th sharded
 checkpoint (:data:`ecrl.runtime.checkpoint.persist.SHARDED_POINTS`; ``enospc`` fails the part's

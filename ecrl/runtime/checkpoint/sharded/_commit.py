@@ -9,7 +9,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 import warnings
@@ -24,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ecrl.contract import safepath
 from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
@@ -40,7 +40,6 @@ from ecrl.runtime.checkpoint import statepack
 from ecrl.runtime.checkpoint.persist import (
     CrashHook,
     apply_retention,
-    remove_checkpoint,
 )
 from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key, warn
 from ecrl.runtime.checkpoint.sharded._storage import (
@@ -215,9 +214,10 @@ class ShardedCheckpoints(Strategy):
         tmp = directory / f".{name}.a{ctx.attempt}.tmp"
         t1 = time.perf_counter()
         if ctx.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            safepath.require_dir(directory, error=CheckpointError)
+            safepath.remove_entry(tmp)  # a link there is removed itself, never followed
             if not take_recycled(directory, tmp):
-                tmp.mkdir(parents=True)
+                tmp.mkdir()
         if self._distributed:
             dist.barrier(group=self._group)
         crash.at("before-parts")
@@ -250,7 +250,7 @@ class ShardedCheckpoints(Strategy):
         parts[METADATA_FILE] = {"checksum": checksum, "size": size}
         for stray in tmp.iterdir():
             if stray.name not in parts:  # a recycled part no rank of this world size wrote
-                remove_checkpoint(stray)
+                safepath.remove_entry(stray)
         manifest = encode_manifest(meta=job.meta, tree=job.tree, tensors=job.entries,
                                    chunks=job.chunk_sizes,
                                    parts=parts)
@@ -259,13 +259,13 @@ class ShardedCheckpoints(Strategy):
             crash.at("before-rename")
             final = directory / name
             aside = directory / f".{name}.old.a{ctx.attempt}.tmp"
-            if final.exists():
+            if os.path.lexists(final):
                 # Left by an attempt that died before publishing it (latest.json never named it,
                 # or the fallback passed it over): replaced, never merged with.
                 os.replace(final, aside)
             os.replace(tmp, final)
             fsync_dir(directory)
-            shutil.rmtree(aside, ignore_errors=True)
+            safepath.remove_entry(aside)
         except OSError as exc:
             raise CheckpointError(f"writing the sharded checkpoint of step {job.step} failed: "
                                   f"{exc.strerror or exc} ({exc.filename or tmp})") from None
@@ -321,7 +321,7 @@ class ShardedCheckpoints(Strategy):
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
-            shutil.rmtree(self.ctx.paths.checkpoints / RECYCLED, ignore_errors=True)
+            safepath.remove_entry(self.ctx.paths.checkpoints / RECYCLED)
 
 
 class AsyncShardedCheckpoints(ShardedCheckpoints):

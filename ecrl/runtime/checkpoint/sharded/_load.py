@@ -1,114 +1,118 @@
-"""Loading a verified sharded checkpoint at any world size, running no code: DCP's ``.metadata``
-is read by a restricted unpickler, and each chunk's bytes are copied into its tensor."""
+"""Loading a sharded checkpoint at any world size, running no code and loading no byte that the
+manifest's checksums do not cover.
+
+DCP's own load is not used: its default planner hands byte entries to ``torch.load(...,
+weights_only=False)``, which runs whatever a crafted pickle says. Each chunk is a byte entry
+(format 3), so loading one is a copy: ECRL reads where each chunk lies from DCP's ``.metadata``
+(:func:`ecrl.contract.shardfile.chunk_locations`: hashed and checked against the manifest, parsed
+into plain records without calling anything, each place a part the manifest lists — a plain name,
+no ``..``, no absolute path — and inside it), then reads each part once, without following a
+link, hashing it while its chunk bytes go straight into their
+buffers; a part whose hash is not the manifest's is refused before anything it held is used.
+The tensors are then views of those bytes with the dtype and shape the manifest declares
+(:func:`ecrl.runtime.checkpoint.statepack.rebuild_from_bytes`)."""
 
 from __future__ import annotations
 
-import io
-import pickle
-import warnings
+import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import (
-    FileSystemReader,
-)
 
-from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract import safepath
+from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
 from ecrl.contract.shardfile import (
-    BYTE_CHUNKS_SINCE,
-    METADATA_FILE,
+    ChunkPlace,
     VerifiedShards,
+    check_part,
     chunk_key,
+    chunk_locations,
 )
 from ecrl.runtime.checkpoint import statepack
-from ecrl.runtime.checkpoint.sharded._storage import first_line
+
+_BLOCK = 1 << 22
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata classes (and torch dtypes, sizes, layouts, paths), nothing else: a
-    ``.metadata`` that names any other callable is refused instead of run."""
+def _read_part(part: Path, info: dict[str, Any],
+               spans: list[tuple[int, torch.Tensor]]) -> None:
+    """Read ``part`` once, front to back, hashing every byte; each span's bytes (offset, uint8
+    buffer) go straight into its buffer. Refused unless the part is the manifest's."""
+    digest = hashlib.sha256()
+    scratch = bytearray(_BLOCK)
+    size = 0
+    try:
+        with safepath.read_regular(part, error=CheckpointError) as handle:
 
-    _EXACT = frozenset({("torch", "Size"), ("torch.serialization", "_get_layout"),
-                        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-                        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-                        ("collections", "OrderedDict")})
+            def take(view: memoryview) -> None:
+                nonlocal size
+                got = 0
+                while got < len(view):
+                    n = handle.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+                digest.update(view[:got])
+                size += got
 
-    def find_class(self, module: str, name: str) -> Any:
-        if "." not in name:
-            if (module, name) in self._EXACT:
-                return super().find_class(module, name)
-            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-                return super().find_class(module, name)
-            if module == "torch.distributed.checkpoint.metadata":
-                found = super().find_class(module, name)
-                if isinstance(found, type) or name == "_MEM_FORMAT_ENCODING":
-                    return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+            def skip_to(offset: int) -> None:
+                while size < offset:
+                    before = size
+                    take(memoryview(scratch)[:min(_BLOCK, offset - size)])
+                    if size == before:
+                        return
+
+            for offset, buffer in sorted(spans, key=lambda span: span[0]):
+                if offset < size:
+                    raise CheckpointError(f"{part}: two chunks overlap at byte {offset}")
+                skip_to(offset)
+                if buffer.numel():
+                    view: Any = buffer.numpy()
+                    take(memoryview(view))
+            while True:
+                before = size
+                take(memoryview(scratch))
+                if size == before:
+                    break
+    except FileNotFoundError:
+        raise CheckpointError(f"{part}: part of the checkpoint is missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"{part}: cannot read: {exc.strerror}") from None
+    check_part(part, info, f"{CHECKSUM_ALGORITHM}:{digest.hexdigest()}", size)
 
 
-class _Reader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = Path(self.path) / METADATA_FILE
-        try:
-            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: refused DCP metadata ({exc})") from None
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-
-
-class _BytesIntoChunks(DefaultLoadPlanner):
-    """DCP's load planner that copies each chunk's byte entry into the chunk's tensor (format 3)
-    instead of handing the bytes to ``torch.load`` as DCP's default does."""
-
-    def __init__(self, chunks: dict[str, torch.Tensor]) -> None:
-        super().__init__()
-        self._chunks = chunks
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        name = read_item.dest_index.fqn
-        target, data = self._chunks[name], value.getbuffer()
-        if data.nbytes != target.numel():
-            raise CheckpointError(f"chunk {name} holds {data.nbytes} bytes, the manifest says "
-                                  f"{target.numel()}")
-        target.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+def _by_part(locations: dict[str, ChunkPlace], buffers: dict[str, torch.Tensor]
+             ) -> Iterator[tuple[str, list[tuple[int, torch.Tensor]]]]:
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for key, (relative, offset, _length) in locations.items():
+        parts.setdefault(relative, []).append((offset, buffers[key]))
+    yield from sorted(parts.items())
 
 
 def load(ckpt: VerifiedShards) -> Any:
-    """The state tree of a verified sharded checkpoint (CPU tensors), at any world size."""
+    """The state tree of a sharded checkpoint (CPU tensors), at any world size.
+
+    ``ckpt``'s manifest must have been verified (:func:`ecrl.contract.shardfile.
+    read_verified_shards`, its parts need not have been): the metadata and every part this
+    reads are hashed here, as they are read."""
     entries: list[dict[str, Any]] = ckpt.manifest["tensors"]
+    sizes = {str(c["key"]): int(c["nbytes"]) for c in ckpt.manifest["chunks"]}
+    locations = chunk_locations(ckpt)
+    buffers = {key: torch.empty(n, dtype=torch.uint8) for key, n in sizes.items()}
+    for relative, spans in _by_part(locations, buffers):
+        _read_part(ckpt.path / relative, ckpt.manifest["parts"][relative], spans)
     try:
-        buffers = {str(c["key"]): torch.empty(int(c["nbytes"]), dtype=torch.uint8)
-                   for c in ckpt.manifest["chunks"]}
         chunks = [buffers[chunk_key(int(e["chunk"]))] for e in entries]
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"{ckpt.path}: the manifest does not say where its tensors lie"
                               ) from None
-    # Format 2 stored each chunk as a uint8 tensor entry (torch.save'd), format 3 as raw bytes.
-    as_bytes = ckpt.manifest["version"] >= BYTE_CHUNKS_SINCE
-    targets: dict[str, Any] = {k: io.BytesIO() for k in buffers} if as_bytes else buffers
-    try:
-        with warnings.catch_warnings():
-            # "assuming the intent is to load in a single process": it is (every rank loads all).
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(targets, storage_reader=_Reader(ckpt.path), no_dist=True,
-                     planner=_BytesIntoChunks(buffers) if as_bytes else None)
-    except CheckpointException as exc:
-        raise CheckpointError(f"{ckpt.path}: DCP could not load it ({first_line(exc)})") from None
 
     def raw(index: int) -> torch.Tensor:
         entry = entries[index]
-        return chunks[index].narrow(0, int(entry["offset"]), int(entry["nbytes"]))
+        offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+        if offset < 0 or nbytes < 0 or offset + nbytes > chunks[index].numel():
+            raise CheckpointError(f"{ckpt.path}: tensor {index} runs past the end of its chunk")
+        return chunks[index].narrow(0, offset, nbytes)
 
     return statepack.rebuild_from_bytes(ckpt.manifest["tree"], entries, raw, where=ckpt.path)

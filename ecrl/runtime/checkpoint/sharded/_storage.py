@@ -10,7 +10,6 @@ import hashlib
 import io
 import os
 import queue
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,8 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
-from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM
+from ecrl.contract import safepath
+from ecrl.contract.ckptfile import CHECKSUM_ALGORITHM, CheckpointError
 from ecrl.contract.shardfile import (
     ALIGN,
     METADATA_FILE,
@@ -39,6 +39,7 @@ from ecrl.runtime.checkpoint.persist import (
     CrashHook,
     remove_checkpoint,
 )
+from ecrl.runtime.checkpoint.pipeline import warn
 
 CRASH_RANK_ENV = "ECRL_CRASH_RANK"
 
@@ -225,11 +226,10 @@ class HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        raw: BinaryIO
-        try:  # a recycled part (:func:`retire`) is written over, in place
-            raw = open(path, "r+b")  # noqa: SIM115 (closed below)
-        except FileNotFoundError:
-            raw = open(path, "wb")  # noqa: SIM115
+        # A recycled part (:func:`retire`) is written over, in place; a new one created. Never
+        # through a link and never into a FIFO: a planted one is refused before a byte is written.
+        fd = safepath.open_regular(path, write=True, create=True, error=CheckpointError)
+        raw: BinaryIO = os.fdopen(fd, "r+b")
         with raw:
             hashing = _HashingStream(raw)
             try:
@@ -250,22 +250,41 @@ def retire(path: Path) -> None:
     out (on this virtual machine each page's first touch is paid to the host), the recycled file's
     are there already, and its blocks are allocated. Databases recycle their log segments for the
     same reason."""
-    if path.name.endswith(SUFFIX) and path.is_dir() and not path.is_symlink():
+    if path.name.endswith(SUFFIX) and safepath.kind_of(path, error=CheckpointError) == "dir":
         recycled = path.parent / RECYCLED
         with contextlib.suppress(OSError):
             for entry in path.iterdir():
-                if not entry.name.endswith(".distcp"):
-                    entry.unlink()  # first the manifest: from here on it is no checkpoint
-            shutil.rmtree(recycled, ignore_errors=True)
+                if not entry.name.endswith(".distcp") or entry.is_symlink() \
+                        or not entry.is_file():
+                    safepath.remove_entry(entry)  # first the manifest: now it is no checkpoint
+            safepath.remove_entry(recycled)
             os.rename(path, recycled)
             return
     remove_checkpoint(path)
 
 
 def take_recycled(directory: Path, tmp: Path) -> bool:
-    """Make the recycled parts the temporary directory ``tmp`` of the next checkpoint."""
+    """Make the recycled parts the temporary directory ``tmp`` of the next checkpoint.
+
+    Only a real directory of regular files is taken: a link planted in its place (or among its
+    parts) would send the next checkpoint's writes, and the clean-up of its stray parts, into
+    another directory. Whatever was taken is checked again once it is ``tmp`` (it could have
+    been swapped between the check and the rename); anything else there is removed itself,
+    never followed, and the checkpoint is written into a fresh directory."""
+    recycled = directory / RECYCLED
     try:
-        os.rename(directory / RECYCLED, tmp)
+        if safepath.kind_of(recycled, error=CheckpointError) != "dir":
+            safepath.remove_entry(recycled)
+            return False
+        os.rename(recycled, tmp)
+        safepath.require_dir(tmp, error=CheckpointError)
+        for entry in tmp.iterdir():
+            safepath.kind_of(entry, error=CheckpointError)
+    except CheckpointError as exc:
+        warn(f"{exc} (checkpoints/{RECYCLED}: not reused, removed)")
+        safepath.remove_entry(recycled)
+        safepath.remove_entry(tmp)
+        return False
     except OSError:
         return False
     return True
@@ -294,7 +313,11 @@ class PartWriter(FileSystemWriter):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
         future = super().write_data(plan, planner)
         results = future.wait()
-        self.written = sorted({r.storage_data.relative_path for r in results})
+        written = {r.storage_data.relative_path for r in results}
+        for name in written:  # DCP names the parts; each must be a plain file of this directory
+            safepath.check_name(name, where=f"{self.path}: DCP's relative_path",
+                                error=CheckpointError)
+        self.written = sorted(written)
         self.crash.at("after-parts")
         return future
 
