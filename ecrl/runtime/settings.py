@@ -47,7 +47,7 @@ from ecrl.runtime.checkpoint.registry import strategy_names
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
            "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
            "TrainerSettings", "SupervisorSettings", "TRAINER_DEFAULTS", "SUPERVISOR_DEFAULTS",
-           "section_fields", "MODELS", "DATASETS", "check_finite"]
+           "FAKE_CLASSES", "section_fields", "MODELS", "DATASETS", "check_finite"]
 
 SOURCES = ("flag", "script", "default")
 """Where a resolved setting came from: given to the supervisor (a flag or its config file), the
@@ -236,6 +236,12 @@ MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 """The built-in trainer's data sets (``--dataset``)."""
 DEFAULT_FAKE_SIZE = 4096
+FAKE_CLASSES = 10
+"""Classes of the generated data set."""
+_TINY_CNN_CONV = (3 * 9 + 1) * 16 + (16 * 9 + 1) * 32
+_RESNET_PARAMETERS = {"resnet18": (11_176_512, 513), "resnet50": (23_508_032, 2049)}
+"""torchvision's ResNets: parameters without the classifier, and per class (its 512 or 2048
+inputs and bias); the image size does not change them."""
 DEFAULT_STEPS = 200
 
 
@@ -304,6 +310,28 @@ class TrainerSettings:
 
     def fake_size(self) -> int:
         return self.dataset_size if self.dataset_size is not None else DEFAULT_FAKE_SIZE
+
+    @property
+    def input_side(self) -> int:
+        """Side of the images the model sees: CIFAR's own 32, else ``image_size``."""
+        return 32 if self.dataset.startswith("cifar") else self.image_size
+
+    def model_parameters(self, num_classes: int) -> int:
+        """The trainable parameters of ``model`` for ``num_classes`` classes (torch-free; the
+        models' own count, pinned by a test): the tiny CNN's head grows with the image area."""
+        if self.model == "tiny-cnn":
+            side = self.image_size
+            return _TINY_CNN_CONV + (32 * (side // 4) ** 2 + 1) * num_classes
+        base, per_class = _RESNET_PARAMETERS[self.model]
+        return base + per_class * num_classes
+
+    def rank_memory(self, local_batch: int, num_classes: int) -> tuple[int, int]:
+        """A lower bound of what one rank must hold at once, in bytes: its input batch
+        (``local_batch`` x 3 x side x side float32) and the model's weights, gradients and SGD
+        momentum (3 float32 per parameter). Activations, buffers and torch itself come on top."""
+        side = self.input_side
+        return (local_batch * 3 * side * side * 4,
+                3 * 4 * self.model_parameters(num_classes))
 
     def threads_per_rank(self, ranks_per_node: int) -> int:
         """torch CPU threads of each rank: ``threads``, or the usable cores shared out."""

@@ -1,7 +1,7 @@
 """Inputs that would poison a run directory are refused in one line before anything is written
 (issue 24.7): infinite and NaN numbers from flags, the TOML config and the ranks' environment;
-a ``--config`` that is not a TOML file; ``--jobs 0``. run.json itself refuses a non-finite
-number as the last line of defence.
+sizes no rank can hold in memory; a ``--config`` that is not a TOML file; ``--jobs 0``. run.json
+itself refuses a non-finite number as the last line of defence.
 
 Everything here is refused before torchrun is launched: the real ``ecrl`` entry point runs
 in-process, and a guard fails a test that would launch anything (as code without these checks
@@ -33,7 +33,7 @@ def _never_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def launched(*args: object, **kwargs: object) -> int:
         raise AssertionError("accepted: it went on to launch")
 
-    monkeypatch.setattr(Supervisor, "run", launched)
+    monkeypatch.setattr(Supervisor, "_start_torchrun", launched)
     monkeypatch.setattr(ecrl.apps.faults, "main", launched)
 
 
@@ -135,3 +135,39 @@ def test_faults_jobs_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "campaign"
     _refused(capsys, ["faults", "--jobs", jobs, "--out", str(out)], "--jobs", "at least 1")
     assert not out.exists()
+
+
+def test_an_image_size_no_rank_can_hold_is_refused_before_the_run_exists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    _refused(capsys, ["run", "--out", str(out), "--image-size", "1000000"],
+             "one rank needs at least", "32 x 3 x 1000000 x 1000000 float32", "bytes of",
+             "--image-size")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"image_size": 4096, "global_batch": 64},
+     ("64 x 3 x 4096 x 4096 float32 is 12,884,901,888 bytes",)),
+    ({"model": "resnet50", "global_batch": 2},
+     ("resnet50 with 23,528,522 parameters", "282,342,264 bytes")),
+    ({"image_size": 64, "global_batch": 64, "world_sizes": (4, 2)},  # the largest local batch
+     ("32 x 3 x 64 x 64",)),
+])
+def test_memory_a_rank_can_never_have_is_refused_with_size_and_limit(
+        fields: dict[str, object], words: tuple[str, ...]) -> None:
+    from ecrl.runtime.runconfig import RunConfig
+    from ecrl.runtime.supervision.rundir import check_fits
+
+    limit = (100_000_000, "memory of this test")
+    config = RunConfig(out="o", **fields)  # type: ignore[arg-type]
+    if fields.get("world_sizes"):
+        check_fits(config, 10, limit=(10**9, "memory of this test"))
+        limit = (1_000_000, "memory of this test")
+    with pytest.raises(ConfigError, match="more than the 1") as info:
+        check_fits(config, 10, limit=limit)
+    message = str(info.value)
+    assert "\n" not in message and "bytes of memory of this test" in message
+    for word in words:
+        assert word in message, message
+    check_fits(RunConfig(out="o"), 10, limit=(10**9, "memory"))  # the default run fits

@@ -39,6 +39,7 @@ import torch
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.semantics import mix64
 from ecrl.runtime.runconfig import DATASETS
+from ecrl.runtime.settings import FAKE_CLASSES
 
 __all__ = [
     "DATASETS",
@@ -88,7 +89,7 @@ class GeneratedDataset:
 
     size: int
     """Number of samples (IDs 0..size-1)."""
-    num_classes: int = 10
+    num_classes: int = FAKE_CLASSES
     channels: int = 3
     side: int = 32
     name: str = "fake"
