@@ -18,7 +18,7 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime.checkpoint.persist import CrashHook
-from ecrl.runtime.failure import disk_error, read_fired
+from ecrl.runtime.failure import disk_error, disk_remedy, read_fired
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import FAKE_CLASSES
@@ -29,7 +29,17 @@ __all__ = ["DiskFull", "check_out", "check_fits", "memory_limit", "plan_manifest
 
 
 class DiskFull(Exception):
-    """The supervisor could not write one of its files: no space, quota, read-only."""
+    """The supervisor could not write one of its files: no space, quota, read-only or
+    forbidden; ``str()`` says which file and why, ``remedy`` what the user must do."""
+
+    def __init__(self, message: str, remedy: str = "free some space") -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+    def explain(self, command: str, root: Path) -> str:
+        """The one line that ends the run."""
+        return (f"{self} (the previous version of the file is intact); {self.remedy}, then run "
+                f"`ecrl {command} --out {root}` to continue")
 
 
 def check_out(given: str, root: Path) -> None:
@@ -147,4 +157,4 @@ def write_record(path: Path, record: Any, crash: CrashHook) -> None:
         message = disk_error(exc, path)
         if message is None:
             raise
-        raise DiskFull(message) from None
+        raise DiskFull(message, disk_remedy(exc)) from None
