@@ -133,6 +133,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_faults(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1 (cases run at once), got {args.jobs}")
     require("torch")
     from ecrl.apps.faults import main as faults_main
 

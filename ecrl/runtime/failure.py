@@ -37,8 +37,8 @@ from ecrl.contract.atomicio import atomic_write_text
 from ecrl.contract.runformat import RunPaths
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
-           "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "fatal_reason",
-           "RankError", "rank_errors", "RestartableError"]
+           "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "disk_remedy",
+           "fatal_reason", "RankError", "rank_errors", "RestartableError"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
@@ -113,7 +113,18 @@ def read_fatal(paths: RunPaths, attempt: int) -> str | None:
 
 
 _DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                errno.EROFS: "read-only file system"}
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES)
+_SIZE_ADVICE = "reduce --image-size or --global-batch, or use a smaller --model"
+
+
+def disk_remedy(exc: BaseException) -> str:
+    """What the user must do about :func:`disk_error`'s error before the run can continue:
+    free space, or make a read-only or forbidden run directory writable."""
+    if isinstance(exc, OSError) and exc.errno in _NOT_WRITABLE:
+        return "the run directory is not writable: make it writable (or copy the run to a " \
+               "writable place)"
+    return "free some space"
 
 
 def disk_error(exc: BaseException, where: object = None) -> str | None:
@@ -160,24 +171,25 @@ def fatal_reason(exc: BaseException, where: object = None) -> str | None:
     """
     disk = disk_error(exc, where)
     if disk is not None:
-        return f"{disk} (free some space, then run the same command again to continue)"
+        return f"{disk} ({disk_remedy(exc)}, then run the same command again to continue)"
     line = _exception_line(exc)
+    total = _machine_memory()
     if isinstance(exc, MemoryError):
-        return f"{line} (the process cannot get the memory it needs: use a smaller model, batch " \
-               "or image size)"
+        limit = f"this machine has {total:,} bytes of memory" if total is not None \
+            else "more than this process can get"
+        return f"{line} ({limit}: {_SIZE_ADVICE})"
     text = str(exc)
     cpu = _CPU_ALLOC.search(text)
-    total = _machine_memory()
     if cpu is not None and total is not None and int(cpu.group(1)) > total:
-        return (f"an allocation of {int(cpu.group(1)):,} bytes can never succeed on this machine "
-                f"({total:,} bytes of memory): use a smaller model, batch or image size")
+        return (f"an allocation of {int(cpu.group(1)):,} bytes can never succeed on this machine, "
+                f"which has {total:,} bytes of memory: {_SIZE_ADVICE}")
     gpu = _GPU_ALLOC.search(text)
     if gpu is not None and type(exc).__name__ == "OutOfMemoryError":
         want = float(gpu.group(1)) * _UNIT.get(gpu.group(2), 1)
         have = float(gpu.group(3)) * _UNIT.get(gpu.group(4), 1)
         if want > have:
             return (f"an allocation of {gpu.group(1)} {gpu.group(2)} can never succeed on a GPU "
-                    f"of {gpu.group(3)} {gpu.group(4)}: use a smaller model, batch or image size")
+                    f"of {gpu.group(3)} {gpu.group(4)}: {_SIZE_ADVICE}")
     if type(exc).__name__ in _BAD_DATA or (
             isinstance(exc, OSError) and "image file" in text):  # PIL: truncated, broken data
         return f"a data file cannot be read: {line} (repair the file, then run the same command " \

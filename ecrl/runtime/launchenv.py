@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.settings import CheckpointSettings, checkpoint_fields
+from ecrl.runtime.settings import CheckpointSettings, check_finite, checkpoint_fields
 
 __all__ = ["PREFIX", "GO_VARIABLE", "AttemptEnv", "await_go"]
 
@@ -90,6 +90,7 @@ class AttemptEnv:
     """Unix time by which a final checkpoint must be committed (None: no deadline)."""
 
     def __post_init__(self) -> None:
+        check_finite(self)  # ECRL_DEADLINE=inf; the checkpoint settings check their own
         if (self.resume_step is None) != (self.resume_path is None):
             raise ConfigError("ECRL_RESUME_STEP and ECRL_RESUME_PATH come together")
         unknown = sorted(set(self.checkpoint) - set(checkpoint_fields()))

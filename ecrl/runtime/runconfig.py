@@ -14,6 +14,7 @@ import functools
 import os
 import re
 import shlex
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -35,6 +36,7 @@ from ecrl.runtime.settings import (
     CheckpointSettings,
     SupervisorSettings,
     TrainerSettings,
+    check_finite,
     checkpoint_fields,
     field_docs,
     section_fields,
@@ -160,6 +162,7 @@ class RunConfig:
             if any(isinstance(v, int) and not isinstance(v, bool) and v > MAX_INT
                    for v in values):
                 raise bad(f.name.replace("_", "-"), f"must be at most {MAX_INT}")
+        check_finite(self)
         if not self.out:
             raise bad("out", "must name a directory")
         # Each section checks its own settings; what ties sections together is checked here.
@@ -362,12 +365,56 @@ def launch_flags() -> tuple[RunFlag, ...]:
     return tuple(out)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+MAX_CONFIG_BYTES = 1 << 20
+"""A ``--config`` file larger than this is not a run's settings."""
+
+
+def _config_text(path: Path) -> str:
+    """The text of the ``--config`` file: a regular file of UTF-8 text, or a one-line error.
+
+    Opened without blocking, so that a FIFO or a device (or a symlink to one) is refused instead
+    of hanging ``ecrl run``; a directory, a binary file or a huge one is refused too."""
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"--config {path}: {why}: give a TOML file of settings")
+
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
+        raise refuse("no such file") from None
+    except IsADirectoryError:
+        raise refuse("is a directory, not a file") from None
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise refuse("is a directory, not a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("is not a regular file (a FIFO, socket or device)")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise refuse(f"is {info.st_size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a "
+                         "settings file can have")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise refuse(f"is more than the {MAX_CONFIG_BYTES:,} bytes a settings file can have")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"is not text (byte {exc.start} is not UTF-8)") from None
+    if "\0" in text:
+        raise refuse("is not text (it holds NUL bytes)")
+    return text
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    text = _config_text(path)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     if "run" in data and isinstance(data["run"], dict):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -46,7 +47,7 @@ from ecrl.runtime.checkpoint.registry import strategy_names
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
            "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
            "TrainerSettings", "SupervisorSettings", "TRAINER_DEFAULTS", "SUPERVISOR_DEFAULTS",
-           "section_fields", "MODELS", "DATASETS"]
+           "FAKE_CLASSES", "section_fields", "MODELS", "DATASETS", "check_finite"]
 
 SOURCES = ("flag", "script", "default")
 """Where a resolved setting came from: given to the supervisor (a flag or its config file), the
@@ -54,6 +55,22 @@ script's constructor argument, or the default."""
 SETTINGS_FILE = "checkpoint-settings.json"
 """Rank 0's record of the settings in effect, in each attempt's log folder."""
 _SCHEMA_VERSION = 1
+
+
+def check_finite(settings: Any) -> None:
+    """Raise a one-line :class:`ConfigError` for a field of the dataclass ``settings`` that holds
+    an infinite or NaN float (alone or in a tuple).
+
+    The one check every settings section, :class:`ecrl.runtime.runconfig.RunConfig` and the
+    ranks' environment go through, whatever the value came from (a flag, a TOML ``inf`` or
+    ``nan``, ``1e400``, an ``ECRL_*`` variable): such a value would be written to ``run.json`` as
+    ``Infinity``/``NaN``, which JSON does not have, and the run could then never be continued or
+    verified."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"--{_flag(f.name)} must be a finite number, got {item!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +97,7 @@ class CheckpointSettings:
     time, at least 30 s; 0: no watchdog)."""
 
     def __post_init__(self) -> None:
+        check_finite(self)
         if not isinstance(self.strategy, str) or self.strategy not in strategy_names():
             raise ConfigError(f"--strategy {self.strategy!r} is unknown: choose one of "
                               f"{', '.join(strategy_names())}")
@@ -218,6 +236,12 @@ MODELS = ("tiny-cnn", "resnet18", "resnet50")
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 """The built-in trainer's data sets (``--dataset``)."""
 DEFAULT_FAKE_SIZE = 4096
+FAKE_CLASSES = 10
+"""Classes of the generated data set."""
+_TINY_CNN_CONV = (3 * 9 + 1) * 16 + (16 * 9 + 1) * 32
+_RESNET_PARAMETERS = {"resnet18": (11_176_512, 513), "resnet50": (23_508_032, 2049)}
+"""torchvision's ResNets: parameters without the classifier, and per class (its 512 or 2048
+inputs and bias); the image size does not change them."""
 DEFAULT_STEPS = 200
 
 
@@ -260,6 +284,7 @@ class TrainerSettings:
     """N: torch CPU threads per rank (default: usable cores / ranks per node, at least 1)."""
 
     def __post_init__(self) -> None:
+        check_finite(self)
         if self.model not in MODELS:
             raise ConfigError(f"--model {self.model!r} is unknown: choose one of "
                               f"{', '.join(MODELS)}")
@@ -285,6 +310,28 @@ class TrainerSettings:
 
     def fake_size(self) -> int:
         return self.dataset_size if self.dataset_size is not None else DEFAULT_FAKE_SIZE
+
+    @property
+    def input_side(self) -> int:
+        """Side of the images the model sees: CIFAR's own 32, else ``image_size``."""
+        return 32 if self.dataset.startswith("cifar") else self.image_size
+
+    def model_parameters(self, num_classes: int) -> int:
+        """The trainable parameters of ``model`` for ``num_classes`` classes (torch-free; the
+        models' own count, pinned by a test): the tiny CNN's head grows with the image area."""
+        if self.model == "tiny-cnn":
+            side = self.image_size
+            return _TINY_CNN_CONV + (32 * (side // 4) ** 2 + 1) * num_classes
+        base, per_class = _RESNET_PARAMETERS[self.model]
+        return base + per_class * num_classes
+
+    def rank_memory(self, local_batch: int, num_classes: int) -> tuple[int, int]:
+        """A lower bound of what one rank must hold at once, in bytes: its input batch
+        (``local_batch`` x 3 x side x side float32) and the model's weights, gradients and SGD
+        momentum (3 float32 per parameter). Activations, buffers and torch itself come on top."""
+        side = self.input_side
+        return (local_batch * 3 * side * side * 4,
+                3 * 4 * self.model_parameters(num_classes))
 
     def threads_per_rank(self, ranks_per_node: int) -> int:
         """torch CPU threads of each rank: ``threads``, or the usable cores shared out."""
@@ -331,6 +378,7 @@ class SupervisorSettings:
     """K=V,…: torchrun --rdzv-conf (multi-node)."""
 
     def __post_init__(self) -> None:
+        check_finite(self)
         _check_int("nnodes", self.nnodes, 1)
         _check_int("fail_rank", self.fail_rank, 0)
         _check_int("max_restarts", self.max_restarts, 0, optional=True)
@@ -346,6 +394,13 @@ class SupervisorSettings:
             raise ConfigError("--fail-at steps must be non-negative")
         if not self.collective_timeout_s > 0:
             raise ConfigError("--collective-timeout-s must be positive")
+        if self.deadline is not None:
+            from ecrl.runtime.checkpoint.deadline import parse_deadline  # it imports this module
+
+            if not math.isfinite(parse_deadline(self.deadline)):
+                raise ConfigError(f"--deadline {self.deadline!r} is not a finite time: give a "
+                                  "duration (90s, 15m, 1h30m), a time (18:00) or Unix seconds "
+                                  "(@1767225600)")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
                               "every node)")

@@ -78,3 +78,56 @@ def test_missing_or_wrong_data_dirs_are_one_line(tmp_path: Path) -> None:
             check_data_dir(name, path)
         assert "\n" not in str(info.value)
     check_data_dir("fake", None)
+
+
+class _Plant:
+    """Unpickled, it creates ``marker``: what a hostile data file could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("poisoned", ["data_batch_3", "batches.meta"])
+def test_a_cifar_file_that_would_run_code_is_refused_and_runs_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], poisoned: str) -> None:
+    import pickle
+
+    from ecrl.apps.cli import main
+
+    data = tmp_path / "data"
+    write_cifar10(data)
+    marker = tmp_path / "marker"
+    path = data / "cifar-10-batches-py" / poisoned
+    with open(path, "wb") as handle:
+        pickle.dump({"data": _Plant(marker), "labels": [], "label_names": _Plant(marker)},
+                    handle, protocol=2)
+    with pytest.raises(ConfigError, match=r"io\.open") as info:
+        build_dataset("cifar10", data_dir=data, size=None)
+    assert "\n" not in str(info.value) and poisoned in str(info.value)
+    assert not marker.exists()
+    # ecrl run reads the data set before it creates anything or launches a rank
+    out = tmp_path / "run"
+    assert main(["run", "--dataset", "cifar10", "--data-dir", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a CIFAR batch" in err and "io.open" in err
+    assert not marker.exists() and not out.exists()
+
+
+def test_cifar_pickles_spelled_by_numpy_1_and_by_other_protocols_load(tmp_path: Path) -> None:
+    import pickle
+
+    # The published files name numpy.core.multiarray (numpy 1); numpy 2 writes numpy._core.
+    write_cifar10(tmp_path)
+    base = tmp_path / "cifar-10-batches-py"
+    first = base / "data_batch_1"
+    first.write_bytes(first.read_bytes().replace(b"numpy._core.multiarray",
+                                                 b"numpy.core.multiarray"))
+    for protocol, name in ((4, "data_batch_2"), (5, "data_batch_3")):
+        entry = pickle.loads((base / name).read_bytes())
+        (base / name).write_bytes(pickle.dumps(entry, protocol=protocol))
+    ds = build_dataset("cifar10", data_dir=tmp_path, size=None)
+    assert len(ds) == 40 and np.array_equal(ds.data[0].transpose(2, 0, 1).reshape(-1), pixels(0))
+    assert np.array_equal(ds.data[20].transpose(2, 0, 1).reshape(-1), pixels(20))

@@ -45,3 +45,16 @@ def test_params_digest_covers_every_tensor() -> None:
     assert digest.startswith("sha256:") and digest == params_digest(dict(state))
     state["layer1.0.bn1.num_batches_tracked"] += 1
     assert params_digest(state) != digest
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("classes", "side"), [(10, 32), (100, 64), (7, 17)])
+def test_the_torch_free_parameter_count_is_the_models_own(name: str, classes: int,
+                                                          side: int) -> None:
+    # ecrl run refuses a run that cannot fit in memory from this count, before any rank starts.
+    from ecrl.runtime.settings import TrainerSettings
+
+    with torch.device("meta"):
+        model = build_model(name, num_classes=classes, side=side)
+    count = sum(p.numel() for p in model.parameters())
+    assert TrainerSettings(model=name, image_size=side).model_parameters(classes) == count

@@ -152,7 +152,7 @@ def write_json_record(path: str | os.PathLike[str], record: Record, *,
 
     ``hook`` is passed to :func:`ecrl.contract.atomicio.atomic_write_bytes` (crash tests).
     """
-    text = json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
+    text = json.dumps(record.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
 
 

@@ -45,6 +45,7 @@ from ecrl.contract.runformat import (
 )
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import LAUNCH_KEYS, RunConfig
+from ecrl.runtime.supervision._lock import held_elsewhere, in_use
 from ecrl.runtime.supervision.events import (
     Reporter,
     RunAlreadyComplete,
@@ -150,12 +151,12 @@ class LaunchSupervisor(Supervisor):
         # the run with one line, as for `ecrl run`.
         self._write(self._state_path, self.state)
 
-    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ecrl launch") -> None:
+    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ECRL process") -> None:
         # One lock per node: several nodes may share one --out.
         if self.node_rank:
             name = f".supervisor-node-{self.node_rank}.lock"
         if self.config.nnodes > 1:
-            holder = f"{holder} of node {self.node_rank}"
+            holder = f"{holder} (node {self.node_rank})"
         Supervisor._take_lock(self, name, holder)  # slots dataclass: no zero-argument super()
 
     def _torchrun_log(self, attempt: int) -> Path:
@@ -218,6 +219,8 @@ class LaunchSupervisor(Supervisor):
             foreign = sorted(entry.name for entry in root.iterdir()
                              if not (self.config.nnodes > 1 and _another_nodes(entry.name))
                              ) if root.exists() else []
+            if foreign and LOCK_FILE in foreign and held_elsewhere(root):
+                raise in_use(root)  # a launch into this --out started a moment ago
             if foreign:
                 raise ConfigError(f"--out {root} exists and is not an ecrl launch run (it holds "
                                   f"{foreign[0]}): choose a new or empty directory")

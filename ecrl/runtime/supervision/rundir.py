@@ -20,17 +20,29 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime.checkpoint.persist import CrashHook
-from ecrl.runtime.failure import disk_error, read_fired
+from ecrl.runtime.failure import disk_error, disk_remedy, read_fired
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.settings import FAKE_CLASSES
 from ecrl.runtime.supervision.progress import attempt_steps
 
-__all__ = ["DiskFull", "check_out", "plan_manifest", "stale_attempt", "fired_in_stale",
-           "write_record", "check_logs", "set_aside_strays", "set_aside", "with_strays"]
+__all__ = ["DiskFull", "check_out", "check_fits", "memory_limit", "plan_manifest",
+           "stale_attempt", "fired_in_stale", "write_record", "check_logs", "set_aside_strays",
+           "set_aside", "with_strays"]
 
 
 class DiskFull(Exception):
-    """The supervisor could not write one of its files: no space, quota, read-only."""
+    """The supervisor could not write one of its files: no space, quota, read-only or
+    forbidden; ``str()`` says which file and why, ``remedy`` what the user must do."""
+
+    def __init__(self, message: str, remedy: str = "free some space") -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+    def explain(self, command: str, root: Path) -> str:
+        """The one line that ends the run."""
+        return (f"{self} (the previous version of the file is intact); {self.remedy}, then run "
+                f"`ecrl {command} --out {root}` to continue")
 
 
 def check_out(given: str, root: Path) -> None:
@@ -53,20 +65,60 @@ def _is_pseudo(path: Path) -> bool:
     return False
 
 
-def _dataset_size(config: RunConfig) -> int:
+def _dataset_shape(config: RunConfig) -> tuple[int, int]:
+    """D and the number of classes of the run's data set (reads a data set on disk)."""
     if config.dataset == "fake":
-        return config.fake_size()
+        return config.fake_size(), FAKE_CLASSES
     from ecrl.runtime.trainer.datasets import build_dataset, check_data_dir
 
     data_dir = Path(config.data_dir) if config.data_dir else None
     check_data_dir(config.dataset, data_dir)  # before anything slow, with the clear message
-    return len(build_dataset(config.dataset, data_dir=data_dir, size=None,
-                             image_size=config.image_size))
+    dataset = build_dataset(config.dataset, data_dir=data_dir, size=None,
+                            image_size=config.image_size)
+    return len(dataset), dataset.num_classes
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """The memory this machine's processes can have, and what sets it: the cgroup's limit
+    (cgroup v2 ``memory.max``) when lower than the physical memory. None when unknown."""
+    limits: list[tuple[int, str]] = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        limits.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                       "memory of this machine"))
+    with contextlib.suppress(ValueError, OSError):
+        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if raw != "max":
+            limits.append((int(raw), "memory limit of this cgroup (/sys/fs/cgroup/memory.max)"))
+    return min(limits) if limits else None
+
+
+def check_fits(config: RunConfig, num_classes: int, *, limit: tuple[int, str] | None = None
+               ) -> None:
+    """Refuse, before anything is launched or written, a run whose ranks can never fit in
+    memory: one rank's input batch and model state alone (:meth:`TrainerSettings.rank_memory`,
+    a lower bound) exceed ``limit`` (default :func:`memory_limit`)."""
+    limit = limit if limit is not None else memory_limit()
+    if limit is None:
+        return
+    trainer = config.trainer
+    local = max(config.global_batch // w for w in config.world_sizes)
+    side = trainer.input_side
+    batch, model = trainer.rank_memory(local, num_classes)
+    if batch + model <= limit[0]:
+        return
+    raise ConfigError(
+        f"one rank needs at least {batch + model:,} bytes, more than the {limit[0]:,} bytes of "
+        f"{limit[1]}: its input batch of {local} x 3 x {side} x {side} float32 is {batch:,} "
+        f"bytes and {config.model} with {trainer.model_parameters(num_classes):,} parameters "
+        f"at --image-size {config.image_size} needs {model:,} bytes for weights, gradients and "
+        "momentum: use a smaller --image-size, --global-batch or --model, or more ranks")
 
 
 def plan_manifest(config: RunConfig) -> RunManifest:
-    """The ``run.json`` this configuration describes (reads the data set to learn D)."""
-    size = _dataset_size(config)
+    """The ``run.json`` this configuration describes (reads the data set to learn D); refuses a
+    run that cannot fit in memory (:func:`check_fits`)."""
+    size, classes = _dataset_shape(config)
+    check_fits(config, classes)
     return build_manifest(
         seed=config.seed, dataset=config.dataset, dataset_size=size,
         global_batch=config.global_batch,
@@ -175,4 +227,4 @@ def write_record(path: Path, record: Any, crash: CrashHook) -> None:
         message = disk_error(exc, path)
         if message is None:
             raise
-        raise DiskFull(message) from None
+        raise DiskFull(message, disk_remedy(exc)) from None

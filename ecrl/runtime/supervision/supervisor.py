@@ -47,7 +47,7 @@ from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.manifest import RUN_FIELDS, check_same_run
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.supervision import command, policy
-from ecrl.runtime.supervision._lock import LOCK_FILE, take_lock
+from ecrl.runtime.supervision._lock import LOCK_FILE, held_elsewhere, in_use, take_lock
 from ecrl.runtime.supervision.command import TORCHRUN_LOG, TRAINER
 from ecrl.runtime.supervision.events import (
     AttemptEnded,
@@ -159,15 +159,16 @@ class Supervisor:
                                     earlier_attempts=len(attempts)))
         else:
             planned = plan_manifest(self.config)
-            if root.exists() and any(root.iterdir()):
-                raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
-                                  "a new or empty directory")
+            self._refuse_foreign(root)
             try:
                 root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"--out {self.config.out}: cannot create the directory "
                                   f"({exc.strerror}): choose a writable place") from None
             self._take_lock()
+            # Two fresh starts into one --out: the one that took the lock second stopped above;
+            # one that got it only after the other's whole run ended finds that run here.
+            self._refuse_foreign(root)
             planned = replace(planned, extra={**planned.extra, **self.marker})
             self.manifest = planned
             self._write(self.paths.manifest, planned)
@@ -189,10 +190,25 @@ class Supervisor:
         nodes: the others create theirs in the shared directory)."""
         return True
 
+    def _refuse_foreign(self, root: Path) -> None:
+        """A fresh start needs ``root`` absent or empty (but for the lock file); another ECRL
+        process starting or running a run there is told apart from someone else's files."""
+        entries = sorted(e.name for e in root.iterdir()) if root.exists() else []
+        if not [e for e in entries if e != LOCK_FILE]:
+            return
+        if LOCK_FILE in entries and (self._lock is None and held_elsewhere(root)):
+            raise in_use(root)
+        if self.paths.manifest.exists():
+            raise ConfigError(f"another ECRL process started a run in {root} while this one was "
+                              f"starting: run `ecrl {self.name} --out {root}` again to continue "
+                              "it, or choose a new --out")
+        raise ConfigError(f"--out {root} exists and is not an ECRL run directory: choose "
+                          "a new or empty directory")
+
     def _stale(self, a: SupervisorAttempt) -> SupervisorAttempt:
         return stale_attempt(self.paths, a)
 
-    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ecrl run") -> None:
+    def _take_lock(self, name: str = LOCK_FILE, holder: str = "another ECRL process") -> None:
         self._lock = take_lock(self.paths.root, name, holder)
 
     def _save(self) -> None:
@@ -322,9 +338,7 @@ class Supervisor:
         except DiskFull as exc:
             # No relaunch: the next attempt would hit the same wall. Nothing half-written is
             # left: every file the supervisor writes is replaced atomically or not at all.
-            self._report(RunFailed(message=f"{exc} (the previous version of the file is "
-                                   "intact); free some space, then run `ecrl run --out "
-                                   f"{self.paths.root}` to continue"))
+            self._report(RunFailed(message=exc.explain(self.name, self.paths.root)))
             if self._lock is not None:
                 self._lock.close()
             return EXIT_FAILED

@@ -8,16 +8,26 @@ bit-identical tensors.
 - ``fake``: generated data, the embedded default. Sample ``i`` is a pure function of ``i`` (a
   class template plus noise, both drawn from :func:`ecrl.contract.semantics.mix64` of the ID), so
   any sample can be produced at any time, by any rank, without files and without touching an RNG.
-- ``cifar10`` / ``cifar100``: torchvision's own loaders over the standard python-pickle layout
-  (``cifar-10-batches-py/`` or ``cifar-100-python/`` under ``--data-dir``). Nothing is downloaded.
-  The published MD5 sums are not enforced, so subsets and re-packed copies in the same format
-  load; a damaged file fails to unpickle with a clear error instead.
+- ``cifar10`` / ``cifar100``: torchvision's own data set classes over the standard python-pickle
+  layout (``cifar-10-batches-py/`` or ``cifar-100-python/`` under ``--data-dir``). Nothing is
+  downloaded. The published MD5 sums are not enforced, so subsets and re-packed copies in the
+  same format load. Because nothing vouches for the files, they are never handed to
+  ``pickle.load``: the subclasses here override torchvision's loading (its ``__init__`` and
+  ``_load_meta``, which call ``pickle.load``) with :class:`_CifarUnpickler`, which builds only
+  what a CIFAR batch holds (dicts, lists, strings, numbers and numpy arrays) and refuses any other
+  global a pickle names, so a hostile data directory cannot run code. Each file is read once,
+  by the restricted reader (no check-then-load race); the rest (file names, label keys, the
+  HWC layout, ``__getitem__``) stays torchvision's.
 - ``imagefolder``: torchvision's ``ImageFolder`` (one folder per class); sample IDs follow its
   sorted order; images are resized to ``image_size`` square.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
+import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +39,7 @@ import torch
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.semantics import mix64
 from ecrl.runtime.runconfig import DATASETS
+from ecrl.runtime.settings import FAKE_CLASSES
 
 __all__ = [
     "DATASETS",
@@ -78,7 +89,7 @@ class GeneratedDataset:
 
     size: int
     """Number of samples (IDs 0..size-1)."""
-    num_classes: int = 10
+    num_classes: int = FAKE_CLASSES
     channels: int = 3
     side: int = 32
     name: str = "fake"
@@ -131,18 +142,104 @@ def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...])
     return (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)
 
 
+@functools.cache
+def _cifar_globals() -> dict[tuple[str, str], Any]:
+    """The globals a CIFAR batch's pickle may name, and what each resolves to: numpy's array
+    reconstructors (under numpy 1's and numpy 2's module names, as old and new pickles spell
+    them), ``ndarray``, ``dtype``, and ``_codecs.encode`` (how a protocol-2 pickle written by
+    Python 3 spells bytes, restricted to latin-1)."""
+    try:
+        from numpy._core import multiarray, numeric
+    except ImportError:  # pragma: no cover - numpy 1
+        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+
+    def encode(text: str, encoding: str = "utf-8") -> bytes:
+        if encoding not in ("latin1", "latin-1"):
+            raise pickle.UnpicklingError(f"it encodes bytes as {encoding!r}, not latin-1")
+        return codecs.encode(text, encoding)
+
+    reconstruct = multiarray._reconstruct
+    frombuffer = numeric._frombuffer  # type: ignore[attr-defined]
+    return {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+            ("numpy.core.multiarray", "_reconstruct"): reconstruct,
+            ("numpy._core.multiarray", "_reconstruct"): reconstruct,
+            ("numpy.core.numeric", "_frombuffer"): frombuffer,
+            ("numpy._core.numeric", "_frombuffer"): frombuffer,
+            ("_codecs", "encode"): encode}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """A pickle reader that builds only what a CIFAR batch holds and never runs code: every
+    global outside :func:`_cifar_globals` (``os.system``, ``builtins.eval``, any class) is
+    refused before it is looked up, so no constructor or reducer of the file's choosing runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _cifar_globals().get((module, name))
+        if allowed is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch never "
+                                         "holds (ECRL never runs code from a data file)")
+        return allowed
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("it refers to outside objects (persistent IDs)")
+
+
+def _load_cifar_file(path: str) -> dict[str, Any]:
+    """One CIFAR pickle (a batch or the meta file), read by :class:`_CifarUnpickler`; a one-line
+    :class:`ConfigError` naming the file when it is not one."""
+    try:
+        with open(path, "rb") as handle:
+            entry = _CifarUnpickler(handle, encoding="latin1").load()
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(f"{path} is not a CIFAR batch: {exc}") from None
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, MemoryError) as exc:
+        raise ConfigError(f"{path} is not a CIFAR batch: {' '.join(str(exc).split())}") from None
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{path} is not a CIFAR batch: it holds a {type(entry).__name__}, not "
+                          "a dict")
+    data = entry.get("data")
+    if data is not None and not (isinstance(data, np.ndarray) and data.dtype == np.uint8):
+        raise ConfigError(f"{path} is not a CIFAR batch: its data is not an array of bytes")
+    return entry
+
+
 def _cifar_classes() -> dict[str, Any]:
     from torchvision.datasets import CIFAR10, CIFAR100
+    from torchvision.datasets.vision import VisionDataset
 
-    def files_only(base: type) -> type:
-        # torchvision insists on the published MD5 sums; keep its reader, check presence only.
+    def restricted(base: type) -> type:
+        # torchvision insists on the published MD5 sums (presence is checked instead) and reads
+        # the files with pickle.load: keep its file names, keys, layout and __getitem__, and
+        # read each file once with the restricted unpickler.
+        def __init__(self: Any, root: str, train: bool = True) -> None:
+            VisionDataset.__init__(self, root)
+            self.train = train
+            if not self._check_integrity():
+                raise RuntimeError("Dataset not found")
+            data, targets = [], []
+            for file_name, _ in self.train_list if train else self.test_list:
+                entry = _load_cifar_file(os.path.join(self.root, self.base_folder, file_name))
+                data.append(entry["data"])
+                targets.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+            self.data = np.vstack(data).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1))
+            self.targets = targets
+            self._load_meta()
+
+        def _load_meta(self: Any) -> None:
+            entry = _load_cifar_file(os.path.join(self.root, self.base_folder,
+                                                  self.meta["filename"]))
+            self.classes = entry[self.meta["key"]]
+            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
         return type(f"{base.__name__}Files", (base,), {
             "train_list": [[name, None] for name, _ in base.train_list],  # type: ignore[attr-defined]
             "test_list": [[name, None] for name, _ in base.test_list],  # type: ignore[attr-defined]
             "meta": {**base.meta, "md5": None},  # type: ignore[attr-defined]
+            "__init__": __init__, "_load_meta": _load_meta,
         })
 
-    return {"cifar10": files_only(CIFAR10), "cifar100": files_only(CIFAR100)}
+    return {"cifar10": restricted(CIFAR10), "cifar100": restricted(CIFAR100)}
 
 
 class CifarDataset:
@@ -152,9 +249,12 @@ class CifarDataset:
         check_data_dir(name, root)
         root = _cifar_root(name, root)
         try:
-            self._ds = _cifar_classes()[name](root=str(root), train=True, download=False)
-        except Exception as exc:  # torchvision raises bare RuntimeError/pickle errors
+            self._ds = _cifar_classes()[name](root=str(root), train=True)
+        except ConfigError as exc:
             raise ConfigError(f"--data-dir {root}: cannot read {name}: {exc}") from None
+        except Exception as exc:  # a batch of the wrong shape, labels missing, …
+            raise ConfigError(f"--data-dir {root}: cannot read {name}: "
+                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         self.name = name
         self.data: npt.NDArray[np.uint8] = np.ascontiguousarray(self._ds.data)
         self.targets = np.asarray(self._ds.targets, dtype=np.int64)
