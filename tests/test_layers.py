@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME_SHARED = ("ecrl.contract", "ecrl", "ecrl.runtime._attempt", "ecrl.runtime._proc",
+                   "ecrl.runtime.deadlinetime",
                    "ecrl.runtime.endings", "ecrl.runtime.failure", "ecrl.runtime.launchenv",
                    "ecrl.runtime.manifest",
                    "ecrl.runtime.runconfig", "ecrl.runtime.settings")

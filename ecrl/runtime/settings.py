@@ -43,6 +43,7 @@ from typing import Any
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint.registry import strategy_names
+from ecrl.runtime.deadlinetime import parse_deadline
 
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
            "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
@@ -395,12 +396,7 @@ class SupervisorSettings:
         if not self.collective_timeout_s > 0:
             raise ConfigError("--collective-timeout-s must be positive")
         if self.deadline is not None:
-            from ecrl.runtime.checkpoint.deadline import parse_deadline  # it imports this module
-
-            if not math.isfinite(parse_deadline(self.deadline)):
-                raise ConfigError(f"--deadline {self.deadline!r} is not a finite time: give a "
-                                  "duration (90s, 15m, 1h30m), a time (18:00) or Unix seconds "
-                                  "(@1767225600)")
+            parse_deadline(self.deadline)  # refuses text that names no finite time
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint (and the same --rdzv-id on "
                               "every node)")

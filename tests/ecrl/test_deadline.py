@@ -90,3 +90,9 @@ def test_the_final_checkpoint_lands_before_the_deadline(seed: int) -> None:
             assert deadline - now < rule.reserve(clock.max_step_s, clock.ckpt_s) + 1e-9
             return
     raise AssertionError("never stopped")
+
+
+@pytest.mark.parametrize("end", ["inf", "nan", "1e400"])
+def test_a_slurm_job_end_time_that_is_no_finite_time_is_refused(end: str) -> None:
+    with pytest.raises(ConfigError, match="not a finite time"):
+        resolve_deadline(None, {"SLURM_JOB_END_TIME": end})
