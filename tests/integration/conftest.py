@@ -7,20 +7,17 @@ first worker to need a run makes it under a file lock, the others wait and reuse
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pickle
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from sessionshare import locked, made_once, session_dir
 
 T = TypeVar("T")
 
@@ -46,17 +43,6 @@ def ecrl(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
                           text=True, cwd=cwd, env=full_env, timeout=timeout)
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class RunCache:
     """Named runs, each made once for the whole session (all xdist workers)."""
 
@@ -67,7 +53,7 @@ class RunCache:
             command: str = "run") -> Run:
         directory = self.root / name
         result_file = self.root / f"{name}.result.json"
-        with _locked(self.root / f"{name}.lock"):
+        with locked(self.root / f"{name}.lock"):
             if not result_file.exists():
                 out = ["--out", str(directory)]
                 proc = ecrl(command, *out, *args, env=env, cwd=self.root)
@@ -79,27 +65,13 @@ class RunCache:
 
 
 def shared(runs: RunCache, name: str, make: Callable[[Path], T]) -> T:
-    """``make(directory)`` once for the whole session, also across xdist workers (a module- or
-    session-scoped fixture is otherwise made again by every worker that runs one of its tests);
-    its (picklable) result is kept beside the runs. A ``make`` that raises is retried by the next
-    worker that needs it, as a per-worker fixture would be."""
-    directory = runs.root / name
-    result_file = runs.root / f"{name}.pickle"
-    with _locked(runs.root / f"{name}.lock"):
-        if not result_file.exists():
-            shutil.rmtree(directory, ignore_errors=True)  # what a failed make left behind
-            value = make(directory)
-            result_file.write_bytes(pickle.dumps(value))
-    loaded: T = pickle.loads(result_file.read_bytes())
-    return loaded
+    """``make(directory)`` once for the whole session, beside the runs (:func:`made_once`)."""
+    return made_once(runs.root, name, make)
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> RunCache:
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # shared by every worker of this session
-    return RunCache(base / "ecrl-runs")
+    return RunCache(session_dir(tmp_path_factory, "ecrl-runs"))
 
 
 def _made(run: Run) -> Run:
@@ -144,7 +116,7 @@ def data_root(runs: RunCache) -> Path:
     from dataset_files import write_cifar10, write_cifar100, write_image_folder
 
     root = runs.root / "data"
-    with _locked(runs.root / "data.lock"):
+    with locked(runs.root / "data.lock"):
         if not (root / "done").exists():
             write_cifar10(root / "cifar10")
             write_cifar100(root / "cifar100")

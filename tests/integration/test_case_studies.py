@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Run, RunCache, _locked
+from conftest import Run, RunCache
+from sessionshare import locked
 
 pytestmark = pytest.mark.torchrun
 
@@ -148,7 +149,7 @@ def mds_shards(runs: RunCache) -> Path:
     pytest.importorskip("streaming", reason="Mosaic Streaming is not installed: python -m pip "
                         "install --no-deps -r tests/integration/requirements-streaming.txt")
     root = runs.root / "mds"
-    with _locked(runs.root / "mds.lock"):
+    with locked(runs.root / "mds.lock"):
         if not (root / "index.json").exists():
             subprocess.run([sys.executable, str(EXAMPLES / "case_streaming.py"),
                             "--write-shards", str(root)], check=True, timeout=300)

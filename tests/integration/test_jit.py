@@ -195,11 +195,16 @@ def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.
     """Signal ``ranks`` ``delay`` s after rank 1 logged global step ``step`` (``into_attempt``:
     the attempt's ``step``-th step, counted from its first, 0 being the first)."""
     pids: dict[int, int] = {}
+    scanned = [0.0]
 
     def action(root: Path, attempt: int) -> bool:
         if not pids:
             # /proc is scanned until the ranks are found, then each poll only reads the log:
-            # a scan per poll let fast steps run several past the one drawn.
+            # a scan per poll let fast steps run several past the one drawn. Scans are 50 ms
+            # apart: one every poll (2 ms) kept a core busy while the ranks started.
+            if time.monotonic() - scanned[0] < 0.05:
+                return False
+            scanned[0] = time.monotonic()
             found = _rank_pids(root, attempt)
             if not all(r in found for r in ranks):
                 return False

@@ -1,7 +1,8 @@
 """End to end: a TINY matrix of real `ecrl run` units, killed midway and resumed (issue 14).
 
 One matrix (2 suites: generated data and a CIFAR-10-format set written by the tool, × the tiny
-CNN × one failure schedule; variants reference, blocking, overlapped) is made once per module:
+CNN × one failure schedule; variants reference and overlapped: each unit is a real run, so one
+strategy keeps the matrix small) is made once per module:
 
 1. ``ecrl matrix`` is SIGKILLed while a unit is running, after some units finished;
 2. the rerun is stopped with SIGINT while its first unit runs (exit 130);
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.torchrun
 TINY = """
 [matrix]
 reference = "none"
-strategies = ["blocking", "overlapped"]
+strategies = ["overlapped"]
 
 [run]
 steps = 20
@@ -57,9 +58,8 @@ model = "tiny-cnn"
 fail-at = [9]
 """
 FAIL_AT = [9]
-UNITS = ["fake-tiny/reference-seed3", "fake-tiny-one/blocking-seed3",
-         "fake-tiny-one/overlapped-seed3", "cifar-tiny/reference-seed3",
-         "cifar-tiny-one/blocking-seed3", "cifar-tiny-one/overlapped-seed3"]
+UNITS = ["fake-tiny/reference-seed3", "fake-tiny-one/overlapped-seed3",
+         "cifar-tiny/reference-seed3", "cifar-tiny-one/overlapped-seed3"]
 OUTPUTS = ["summary.csv", "summary.md", "summary.json", "units.csv", "figures/goodput.png",
            "figures/gain.png", "figures/stall_vs_gain.png"]
 
@@ -199,7 +199,7 @@ def test_failure_variants_show_exactly_the_configured_restarts(matrix: Matrix) -
         assert fired == ([] if "reference" in uid else FAIL_AT), uid
     rows = _table(matrix.out / "summary.csv")
     assert {(r["variant"], r["restarts"], r["expected_restarts"]) for r in rows} == {
-        ("reference", "0", "0"), ("blocking", "1", "1"), ("overlapped", "1", "1")}
+        ("reference", "0", "0"), ("overlapped", "1", "1")}
 
 
 def test_failure_variants_end_bit_identical_to_their_reference(matrix: Matrix) -> None:
@@ -209,8 +209,7 @@ def test_failure_variants_end_bit_identical_to_their_reference(matrix: Matrix) -
 
     for suite in ("fake-tiny", "cifar-tiny"):
         reference = digest(f"{suite}/reference-seed3")
-        for strategy in ("blocking", "overlapped"):
-            assert digest(f"{suite}-one/{strategy}-seed3") == reference, (suite, strategy)
+        assert digest(f"{suite}-one/overlapped-seed3") == reference, suite
     # The two data sets train differently: equal digests above are not a vacuous match.
     assert digest("fake-tiny/reference-seed3") != digest("cifar-tiny/reference-seed3")
     rows = [r for r in _table(matrix.out / "summary.csv") if r["variant"] != "reference"]
@@ -280,8 +279,7 @@ def test_advise_reads_the_matrix_and_its_runs(matrix: Matrix) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     rows = {r["label"]: r for r in json.loads(done.stdout)}
-    assert set(rows) == {f"{w} {s}" for w in ("fake-tiny", "cifar-tiny")
-                         for s in ("blocking", "overlapped")}
+    assert set(rows) == {f"{w} overlapped" for w in ("fake-tiny", "cifar-tiny")}
     for row in rows.values():
         assert row["units"] == 1 and row["measured"]["step_s"] > 0
         assert row["measured"]["ckpt_stall_s"] is not None and row["ckpt_every_steps"] >= 1
