@@ -67,8 +67,11 @@ def test_explain_shows_each_warning_once(tmp_path: Path, fmt: str) -> None:
 
 
 def test_closed_output_pipe_stops_quietly(tmp_path: Path) -> None:
-    # Big enough that the diff fills the pipe: the writer meets the closed pipe mid-write.
-    lines = [f"    x{i} = step + {i}" for i in range(3000)]
+    # Big enough that the program and the diff (about 90 kB each) fill the pipe: the writer meets
+    # the closed pipe mid-write. Long comments rather than many statements: the output's size is
+    # what counts, and each statement costs the analysis time.
+    lines = [f"    x{i} = step + {i}  # " + "keeps the output of this line long enough " * 3
+             for i in range(500)]
     (tmp_path / "big.py").write_text("from transform import _checkpoint\nfor step in range(3):\n"
                                      + "\n".join(lines) + "\n    _checkpoint()\n")
     for mode_args in (["--diff"], [], ["--explain", "--format", "json"]):
