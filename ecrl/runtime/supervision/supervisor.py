@@ -234,6 +234,7 @@ class Supervisor:
                                       global_batch=self.manifest.global_batch)
         return choose_resume(
             self.paths, locate=geometry.locate, attested=attested,
+            attempts=[a.attempt for a in self.state.attempts],
             restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
     def _command(self, attempt: int, world: int) -> list[str]:
