@@ -39,6 +39,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
+from ecrl.runtime._attempt import set_aside, set_aside_strays
 from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE, resolve_deadline
 from ecrl.runtime.checkpoint.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.endings import read_ending
@@ -75,8 +76,6 @@ from ecrl.runtime.supervision.rundir import (
     check_out,
     fired_in_stale,
     plan_manifest,
-    set_aside,
-    set_aside_strays,
     stale_attempt,
     with_strays,
     write_record,
