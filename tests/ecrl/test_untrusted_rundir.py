@@ -178,3 +178,43 @@ def test_a_standalone_attempt_keeps_the_attempts_supervisor_json_records(tmp_pat
     assert standalone_attempt(paths) == (3, [{"folder": "logs/attempt-004",
                                               "moved_to": "logs/stray-attempt-004"}])
     assert paths.attempts() == [0, 2]
+
+
+def test_setting_a_stray_folder_aside_is_said_in_one_line(tmp_path: Path) -> None:
+    # supervisor.json alone recorded it: the person continuing the run saw nothing.
+    from ecrl.apps.console import render
+    from ecrl.runtime.runconfig import load_config
+    from ecrl.runtime.supervision.events import Event
+    from ecrl.runtime.supervision.supervisor import Supervisor
+
+    class Collect:
+        def __init__(self) -> None:
+            self.events: list[Event] = []
+
+        def report(self, event: Event) -> None:
+            self.events.append(event)
+
+    paths = _stopped_run(tmp_path / "run")
+    paths.attempt_dir(3).mkdir()
+    config = load_config({"out": str(paths.root)}, config_file=None,
+                         default_out=str(paths.root))
+    reporter = Collect()
+    sup = Supervisor(config, reporter=reporter)
+    try:
+        assert sup._open_run()
+        paths.attempt_dir(1).mkdir()  # planted while the run goes on, where attempt 1 goes
+        assert sup._next_attempt() == 1
+    finally:
+        assert sup._lock is not None
+        sup._lock.close()
+    lines = [line for event in reporter.events for line in render(event)]
+    said = [(stream, text) for stream, text in lines if "stray-attempt" in text]
+    assert said == [
+        ("err", "ecrl run: set aside 1 attempt folder that supervisor.json does not record (not "
+                "written by this run; kept as evidence): logs/attempt-003 → "
+                "logs/stray-attempt-003"),
+        ("err", "ecrl run: set aside 1 attempt folder that supervisor.json does not record (not "
+                "written by this run; kept as evidence): logs/attempt-001 → "
+                "logs/stray-attempt-001")]
+    resuming = next(i for i, (_, text) in enumerate(lines) if "resuming" in text)
+    assert lines.index(said[0]) > resuming  # after the line that names the run
