@@ -36,6 +36,7 @@ those steps again, so they are never committed, but they are still held to the p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -130,7 +131,7 @@ def durable_step(inputs: RunInputs) -> tuple[int | None, Note | None]:
     if latest is None:
         if not recorded:
             return None, None
-        if inputs.paths.latest.is_file():
+        if os.path.lexists(inputs.paths.latest):
             return recorded[-1], Note(
                 kind="latest", file="checkpoints/latest.json",
                 message=f"unreadable: the newest recorded checkpoint, step {recorded[-1]}, is "

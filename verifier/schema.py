@@ -8,6 +8,7 @@ file, and where known the line, and what to do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,7 @@ def read_inputs(root: str | Path) -> RunInputs:
     """Read and check the manifest, supervisor state, checkpoint events and latest pointer."""
     paths = RunPaths.of(root)
     notes: list[Note] = []
-    if not paths.manifest.is_file():
+    if not os.path.lexists(paths.manifest):  # a link or FIFO is refused by the reader
         raise Unusable(f"{paths.manifest}: file is missing; a run directory written by "
                        "`ecrl run` has one (is this the right directory?)")
     try:
@@ -146,7 +147,7 @@ def read_inputs(root: str | Path) -> RunInputs:
     if manifest.seed > semantics.MAX_SEED:
         raise Unusable(f"{paths.manifest}: seed {manifest.seed} is above {semantics.MAX_SEED}")
 
-    if not paths.supervisor.is_file():
+    if not os.path.lexists(paths.supervisor):
         raise Unusable(f"{paths.supervisor}: file is missing; without it the verifier cannot "
                        "tell which checkpoint each attempt resumed from")
     try:
@@ -175,7 +176,7 @@ def read_inputs(root: str | Path) -> RunInputs:
     checkpoints: dict[int, tuple[CheckpointRecord, ...]] = {}
     for a in attempts:
         log = paths.checkpoint_log(a.attempt)
-        if not log.is_file():
+        if not os.path.lexists(log):  # a link or FIFO is refused, not taken as absent
             checkpoints[a.attempt] = ()
             continue
         reader = JsonlReader(log, CheckpointEvent, torn_tail_ok=torn_tail_ok(a),
@@ -191,7 +192,7 @@ def read_inputs(root: str | Path) -> RunInputs:
                      for t in reader.warnings)
 
     latest: LatestPointer | None = None
-    if paths.latest.is_file():
+    if os.path.lexists(paths.latest):
         try:
             latest = read_json_record(paths.latest, LatestPointer, root=paths.root)
         except RunFormatError as exc:

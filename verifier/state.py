@@ -12,6 +12,7 @@ the saved one (``state_digest_mismatch``). Only these small files are read.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,7 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
         saved_at = Location(file=event_file, line=record.line, attempt=record.attempt, step=c)
         path = inputs.paths.attempt_dir(k) / RESTORED
         rel = inputs.rel(path)
-        if not path.is_file():
+        if not os.path.lexists(path):  # a link or FIFO is refused below, not absent
             tally.unattested.append(k)
             notes.append(Note(kind="state", file=rel,
                               message=f"attempt {k} resumed from a checkpoint with state digests "

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ecrl.contract.cli import run_main
 from ecrl.contract.errors import ConfigError
@@ -53,17 +53,27 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_flags(p, run_flags())
 
 
+def _apply_nproc(args: argparse.Namespace, flags: dict[str, Any]) -> None:
+    """``--nproc N``: world size ``N x nodes`` for every attempt (``ecrl run``, ``ecrl launch``);
+    refused here, under its own name, rather than later as a world size the user never typed."""
+    if args.nproc is None:
+        return
+    if args.world_sizes is not None:
+        raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
+                          "(one per attempt), not both")
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be a positive number of processes per node, got "
+                          f"{args.nproc}")
+    flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+
+
 def _run_config(args: argparse.Namespace) -> RunConfig:
     import time
 
     from ecrl.runtime.runconfig import load_config, run_flags
 
     flags = {f.name: getattr(args, f.name) for f in run_flags()}
-    if args.nproc is not None:
-        if args.world_sizes is not None:
-            raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
-                              "(one per attempt), not both")
-        flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+    _apply_nproc(args, flags)
     default_out = time.strftime("runs/run-%Y%m%d-%H%M%S")
     return load_config(flags, config_file=args.config, default_out=default_out)
 
@@ -109,11 +119,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     flags = {key: getattr(args, key) for key in LAUNCH_KEYS}
     flags["out"] = args.out
-    if args.nproc is not None:
-        if args.world_sizes is not None:
-            raise ConfigError("give --nproc (one world size for every attempt) or --world-sizes "
-                              "(one per attempt), not both")
-        flags["world_sizes"] = [args.nproc * (args.nnodes or 1)]
+    _apply_nproc(args, flags)
     config = launch_config(flags, default_out=time.strftime("runs/launch-%Y%m%d-%H%M%S"))
     return run_launch(config, normalize_program(args.program), node_rank=args.node_rank,
                       reporter=Console())

@@ -32,6 +32,7 @@ from ecrl.runtime.supervision.events import (
     ScriptEndedShort,
     StepProgress,
     StopRequested,
+    StrayLogsSetAside,
 )
 from ecrl.runtime.supervision.summary import render_summary
 
@@ -178,6 +179,11 @@ def render(event: Event) -> Lines:
             return [("out", f"ecrl {command}: resuming {root} ({earlier})")]
         case PointerRepaired(description=description):
             return [("err", f"ecrl run: {description}")]
+        case StrayLogsSetAside(command=command, moved=moved):
+            folders = ", ".join(f"{folder} → {to}" for folder, to in moved)
+            return [("err", f"ecrl {command}: set aside {_count(len(moved), 'attempt folder')} "
+                            f"that supervisor.json does not record (not written by this run; "
+                            f"kept as evidence): {folders}")]
         case StopRequested(signal_name=name):
             return [("err", f"ecrl run: {name} received, stopping the job…")]
         case AttemptStarted():

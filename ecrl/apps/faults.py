@@ -21,12 +21,15 @@ two gloo ranks, real files and fsyncs) that something goes wrong in, on purpose:
   pointed at), or a sharded one's ``.metadata`` places its chunk in the previous checkpoint's part
   (``relative_path`` ``../…``), every checksum recomputed; then the run is continued. Or, while a
   sharded run trains, ``checkpoints/.recycled.dcp`` is replaced by a link to a directory outside
-  the run, which must come out untouched.
+  the run, which must come out untouched. Or a stopped run's rank log or checkpoint log is
+  replaced by a FIFO before it is continued: ``ecrl run --out`` and ``ecrl-verify`` must each
+  refuse in one line, without waiting for a writer, and change nothing.
 
 A case is *safe* when it ends in a completed run that ``ecrl-verify`` passes with parameters
 bit-identical to the same run without faults (and, for damaged checkpoints, resumed from the newest
 valid earlier one), or in a clear one-line refusal that leaves a valid checkpoint behind; a forged
-case must also have run no code and touched nothing outside the run. Anything else — above all a
+case must also have run no code and touched nothing outside the run; a FIFO log must be refused
+by both commands, in time, with the run directory left as it was. Anything else — above all a
 wrong resume that exits 0 — is ``UNSAFE``. ``ecrl faults`` exits 0 when every
 case is safe.
 """
@@ -67,6 +70,11 @@ HANG_TIMEOUT_S = 8
 NO_CHECKPOINT_LEFT = "no valid checkpoint is left"
 """The supervisor's refusal when committed progress has no valid checkpoint (persist.py)."""
 CASE_TIMEOUT_S = 420
+REFUSAL_TIMEOUT_S = 120
+"""A FIFO log is refused before anything is launched: a command still running after this long
+is waiting on the FIFO."""
+FIFO_LOGS = ("rank-001.jsonl", "checkpoint_rank0.jsonl")
+"""Logs of the stopped run's attempt 0 that a forger replaces by a FIFO (``fifo:NAME``)."""
 
 _FILE_CRASH_POINTS = ("before-write", "before-fsync", "before-rename", "before-dir-fsync", "done")
 _LATEST_CRASH_POINTS = ("before-rename", "done")
@@ -88,7 +96,7 @@ class FaultCase:
     fail_at: int | None = None
     damage: str | None = None
     """damage: ``flip:FILE``, ``truncate:FILE``, ``delete``; latest: stale, dangling, garbage,
-    delete; forge: pickle, relative-path, recycled-link."""
+    delete; forge: pickle, relative-path, recycled-link, ``fifo:LOG``."""
     expect: str | None = None
     """The checkpoint the continued run must resume from (damage cases): ``newest`` (the one
     the stopped run's latest.json named) or ``previous`` (the one before it)."""
@@ -150,6 +158,9 @@ def _forge_cases(strategy: str) -> list[FaultCase]:
                              expect="previous"))
         out.append(FaultCase(name="checkpoints/.recycled.dcp replaced by a link out of the run",
                              strategy=strategy, kind="forge", damage="recycled-link"))
+    for log in FIFO_LOGS:
+        out.append(FaultCase(name=f"logs/attempt-000/{log} replaced by a FIFO", strategy=strategy,
+                             kind="forge", damage=f"fifo:{log}"))
     return out
 
 
@@ -205,9 +216,10 @@ def cases(*, quick: bool) -> list[FaultCase]:
 
 
 def _ecrl_run(root: Path, args: Sequence[str], env: dict[str, str] | None = None,
-              watch: Callable[[subprocess.Popen[str], Path], None] | None = None
-              ) -> tuple[int, str]:
-    """``ecrl run --out root ARGS``; returns (exit code, stderr)."""
+              watch: Callable[[subprocess.Popen[str], Path], None] | None = None,
+              timeout: float = CASE_TIMEOUT_S) -> tuple[int, str]:
+    """``ecrl run --out root ARGS``; returns (exit code, stderr); 124 when it ran past
+    ``timeout`` (then it was killed)."""
     full = {**os.environ, **(env or {})}
     with subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root),
                            *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -215,7 +227,7 @@ def _ecrl_run(root: Path, args: Sequence[str], env: dict[str, str] | None = None
         if watch is not None:
             watch(proc, root)
         try:
-            _, err = proc.communicate(timeout=CASE_TIMEOUT_S)
+            _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             _, err = proc.communicate()
@@ -439,6 +451,10 @@ def _forge(root: Path, case: FaultCase) -> None:
             "format": "ecrl-dcp", "version": 2, "meta": meta, "tree": {}, "tensors": [],
             "chunks": [{"key": "c000", "nbytes": len(payload)}], "parts": {}}))
         _rewrite_checksums(forged, latest_path, ["__0_0.distcp", ".metadata"])
+    elif (case.damage or "").startswith("fifo:"):
+        log = RunPaths.of(root).attempt_dir(0) / (case.damage or "").split(":", 1)[1]
+        log.unlink()
+        os.mkfifo(log)
     elif case.damage == "relative-path":
         older = max(p.name for p in checkpoints.iterdir()
                     if p.name.endswith(".dcp") and p.name < newest.name)
@@ -474,6 +490,51 @@ def _link_recycled_at(step: int) -> Callable[[subprocess.Popen[str], Path], None
             time.sleep(0.005)
 
     return watch
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``root`` (links not followed) with its mode, size and modification
+    time; the supervisor's lock file aside (taking it is not a change to the run)."""
+    from ecrl.runtime.supervision.supervisor import LOCK_FILE
+
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            path = Path(folder) / name
+            if path == root / LOCK_FILE:
+                continue
+            info = path.lstat()
+            out[str(path.relative_to(root))] = (info.st_mode, info.st_size, info.st_mtime_ns)
+    return out
+
+
+def _fifo_refusals(root: Path, log: str) -> tuple[str, str | None]:
+    """Continue a run whose ``log`` is a FIFO, then verify it: (outcome, what went wrong or
+    None). Both must refuse in one line naming the FIFO, in time, and the run directory must
+    be left as it was."""
+    before = _tree(root)
+    code, err = _ecrl_run(root, [], timeout=REFUSAL_TIMEOUT_S)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    if code == 124:
+        return "ecrl run hung", "ecrl run waited on the FIFO"
+    if code != 2 or len(errors) != 1 or "Traceback" in err or "FIFO" not in errors[0]:
+        return f"ecrl run exit {code}", (f"ecrl run did not refuse in one line naming the FIFO "
+                                         f"({_error_line(err) or err.strip()[-200:]})")
+    if _tree(root) != before:
+        return "ecrl run refused", "ecrl run changed the run directory before refusing"
+    outcome = f"ecrl run refused in one line (exit {code})"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "verifier.cli", str(root)],
+                              capture_output=True, text=True, timeout=REFUSAL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return outcome + "; ecrl-verify hung", "ecrl-verify waited on the FIFO"
+    said = proc.stdout + proc.stderr
+    if proc.returncode != 2 or "FIFO" not in said or log not in said or "Traceback" in said:
+        return (outcome + f"; ecrl-verify exit {proc.returncode}",
+                f"ecrl-verify did not refuse naming the FIFO: {said.strip()[-200:]}")
+    if _tree(root) != before:
+        return outcome, "ecrl-verify changed the run directory"
+    return outcome + "; ecrl-verify UNKNOWN (exit 2)", None
 
 
 def _forge_damage(root: Path, case: FaultCase) -> str | None:
@@ -543,6 +604,13 @@ class _Campaign:
                 _forge(root, case)
             else:
                 _damage(root, case)
+            if (case.damage or "").startswith("fifo:"):
+                outcome, harm = _fifo_refusals(root, (case.damage or "").split(":", 1)[1])
+                return CaseResult(case=case.name, strategy=case.strategy, outcome=outcome,
+                                  checkpoint_used="none (refused)", replayed=None,
+                                  verdict="safe" if harm is None else "UNSAFE",
+                                  seconds=round(time.perf_counter() - t0, 1),
+                                  detail=harm or "")
             code, err = _ecrl_run(root, [])
         else:
             code, err = _ecrl_run(root, args, env, watch)

@@ -2,8 +2,9 @@
 
 Under ``ecrl launch``/``ecrl run`` everything comes from the supervisor's ``ECRL_*`` environment
 (:class:`ecrl.runtime.launchenv.AttemptEnv`). Standalone (plain ``python``/``torchrun``) the user
-names the run directory and each launch is a new attempt: the number after the highest one on
-disk, decided by rank 0 and broadcast, so that every rank writes the same attempt's logs.
+names the run directory and each launch is a new attempt: the number after the run's own attempts
+(:func:`standalone_attempt`; a stray folder is set aside, as the supervisor does), decided by rank 0
+and broadcast, so that every rank writes the same attempt's logs.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ecrl.contract.errors import ConfigError, EcrlError
-from ecrl.contract.runformat import RunPaths
+from ecrl.contract.errors import ConfigError, EcrlError, RunFormatError
+from ecrl.contract.runformat import RunPaths, SupervisorState, check_entry, read_json_record
 from ecrl.runtime.failure import RestartableError, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 
-__all__ = ["Attempt", "dist_rank_world", "install_error_hook", "resolve_attempt"]
+__all__ = ["Attempt", "dist_rank_world", "install_error_hook", "resolve_attempt", "set_aside",
+           "set_aside_strays", "standalone_attempt"]
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -40,6 +42,65 @@ class Attempt:
     world_size: int
     env: AttemptEnv | None
     """The supervisor's view of the attempt; None when running standalone."""
+
+
+def set_aside(paths: RunPaths, attempt: int) -> str | None:
+    """Rename ``logs/attempt-NNN``, which no recorded attempt wrote, to ``logs/stray-attempt-NNN``
+    (``.2``, ``.3``, … when taken); the new name, or None when there is no such folder.
+
+    A stray folder was planted, or copied in: a new attempt numbered after it would leave a gap
+    in the record, and one given its number would append its records to the stray ones. Its
+    contents are kept (evidence), under a name no reader of the run format looks at."""
+    folder = paths.attempt_dir(attempt)
+    if not os.path.lexists(folder):
+        return None
+    target = paths.logs / f"stray-{folder.name}"
+    n = 1
+    while os.path.lexists(target):
+        n += 1
+        target = paths.logs / f"stray-{folder.name}.{n}"
+    os.rename(folder, target)  # a link is renamed itself, never followed
+    return target.name
+
+
+def set_aside_strays(paths: RunPaths, recorded: list[int]) -> list[dict[str, str]]:
+    """:func:`set_aside` every ``logs/attempt-NNN`` folder that ``supervisor.json`` does not
+    record; what was moved, for ``supervisor.json``."""
+    known = set(recorded)
+    moved = []
+    names = sorted(os.listdir(paths.logs)) if check_entry(paths.logs, directory=True) is None \
+        and paths.logs.is_dir() else []
+    numbers = [int(n[8:]) for n in names if n.startswith("attempt-") and n[8:].isdigit()]
+    for number in numbers:
+        if number not in known:
+            name = set_aside(paths, number)
+            if name is not None:
+                moved.append({"folder": f"logs/{paths.attempt_dir(number).name}",
+                              "moved_to": f"logs/{name}"})
+    return moved
+
+
+def standalone_attempt(paths: RunPaths) -> tuple[int, list[dict[str, str]]]:
+    """The number of a new standalone attempt, and the stray folders set aside for it.
+
+    No supervisor records a standalone run's attempts, so its own are taken to be those
+    ``supervisor.json`` records (when an ``ecrl launch`` ran it before) and the folders numbered
+    0, 1, … after them without a gap; a folder beyond a gap was not written by an attempt of the
+    run and is set aside as the supervisor sets aside the folders it does not record
+    (:func:`set_aside_strays`), so it neither pushes the new attempt's number past a gap nor
+    leaves the run unverifiable. (A folder planted exactly at the next number cannot be told
+    from a real attempt without a record; ``ecrl launch`` keeps one.)"""
+    numbers = set(paths.attempts())
+    if os.path.lexists(paths.supervisor):
+        try:
+            state = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
+            numbers |= {a.attempt for a in state.attempts}
+        except RunFormatError:
+            pass
+    number = 0
+    while number in numbers:
+        number += 1
+    return number, set_aside_strays(paths, list(range(number)))
 
 
 _CACHE: dict[str, Attempt] = {}
@@ -85,8 +146,7 @@ def resolve_attempt(run_dir: str | os.PathLike[str] | None) -> Attempt:
         else:
             number = 0
             if rank == 0:
-                existing = paths.attempts()
-                number = existing[-1] + 1 if existing else 0
+                number, _ = standalone_attempt(paths)
             number = _broadcast(number)
         attempt = Attempt(paths=paths, attempt=number, rank=rank, world_size=world, env=env)
         paths.attempt_dir(number).mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,25 @@
 """How an attempt ended, from the markers its ranks leave (torch-free: the supervisor reads it).
 
-- ``jit.json``: a survivor's just-in-time rescue (:mod:`ecrl.runtime.checkpoint.jit`): which rank,
-the step
-  it saved (or why it saved nothing), and what ended the attempt;
-- ``hung-rank-RRR.json``: each rank whose watchdog fired (:mod:`ecrl.runtime.checkpoint.watchdog`);
-the
-  ranks of the attempt that wrote none are the ones that stopped stepping;
+- ``jit.json``: a survivor's just-in-time rescue (:mod:`ecrl.runtime.checkpoint.jit`): which
+  rank, the step it saved (or why it saved nothing), and what ended the attempt;
+- ``hung-rank-RRR.json``: each rank whose watchdog fired
+  (:mod:`ecrl.runtime.checkpoint.watchdog`); the ranks of the attempt that wrote none are the
+  ones that stopped stepping;
 - ``deadline.json``: rank 0 committed the final checkpoint before the deadline
   (:mod:`ecrl.runtime.checkpoint.deadline`).
+
+Markers are read with :func:`ecrl.runtime.failure.read_marker` (bounded, no link followed, no
+FIFO waited on): someone else may be able to write the run directory.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ecrl.contract.runformat import RunPaths
+from ecrl.runtime.failure import read_marker
 
 __all__ = ["JIT_MARKER", "HUNG_MARKER", "DEADLINE_MARKER", "Ending", "read_ending"]
 
@@ -25,14 +27,6 @@ JIT_MARKER = "jit.json"
 HUNG_MARKER = "hung-rank-{rank:03d}.json"
 DEADLINE_MARKER = "deadline.json"
 _HUNG = re.compile(r"^hung-rank-(\d{3,})\.json$")
-
-
-def _read(path: Any) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,17 +57,17 @@ class Ending:
 def read_ending(paths: RunPaths, attempt: int, world_size: int) -> Ending | None:
     """The attempt's ending per its markers; None when it left none."""
     directory = paths.attempt_dir(attempt)
-    deadline = _read(directory / DEADLINE_MARKER)
+    deadline = read_marker(paths, directory / DEADLINE_MARKER)
     if deadline is not None:
         return Ending(status="deadline", deadline=deadline)
     hung: dict[int, dict[str, Any]] = {}
     if directory.is_dir():
         for entry in directory.iterdir():
             match = _HUNG.match(entry.name)
-            record = _read(entry) if match else None
+            record = read_marker(paths, entry) if match else None
             if match and record is not None:
                 hung[int(match.group(1))] = record
-    jit = _read(directory / JIT_MARKER)
+    jit = read_marker(paths, directory / JIT_MARKER)
     if hung:
         stopped = tuple(r for r in range(world_size) if r not in hung)
         return Ending(status="hung", jit=jit, hung=hung, stopped_ranks=stopped)

@@ -31,19 +31,21 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ecrl.contract.atomicio import atomic_write_text
-from ecrl.contract.runformat import RunPaths
+from ecrl.contract.runformat import RunPaths, loads, read_small_file
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
            "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "disk_remedy",
-           "fatal_reason", "RankError", "rank_errors", "RestartableError"]
+           "fatal_reason", "RankError", "rank_errors", "RestartableError", "read_marker"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
 MARKER = "failure.json"
 FATAL_MARKER = "fatal.json"
+MARKER_LIMIT = 64 << 10
+"""A rank's marker file is a few hundred bytes; anything larger was not written by a rank."""
 
 
 class RestartableError(RuntimeError):
@@ -83,14 +85,27 @@ def inject(paths: RunPaths, *, attempt: int, step: int, rank: int) -> NoReturn:
     os._exit(FAILURE_EXIT_CODE)
 
 
+def read_marker(paths: RunPaths, path: os.PathLike[str] | str) -> dict[str, Any] | None:
+    """The JSON object of a rank's marker file under ``paths.root`` (``failure.json``,
+    ``fatal.json``, the endings' markers); None when it is missing, not JSON or not an object,
+    and when it is not a regular file of at most :data:`MARKER_LIMIT` bytes reached without a
+    link (:func:`~ecrl.contract.runformat.read_small_file`): someone else may be able to write
+    the run directory, and a FIFO there must not block the supervisor nor a link read outside."""
+    try:
+        data = loads(read_small_file(path, limit=MARKER_LIMIT, root=paths.root))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_fired(paths: RunPaths, attempt: int) -> FiredFailure | None:
     """The failure ``attempt`` injected, if any."""
+    data = read_marker(paths, paths.attempt_dir(attempt) / MARKER)
     try:
-        data = json.loads((paths.attempt_dir(attempt) / MARKER).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return FiredFailure(attempt=attempt, global_step=int(data["global_step"]),
+                            rank=int(data["rank"])) if data is not None else None
+    except (KeyError, TypeError, ValueError):
         return None
-    return FiredFailure(attempt=attempt, global_step=int(data["global_step"]),
-                        rank=int(data["rank"]))
 
 
 def remaining(planned: Iterable[int], fired: Iterable[FiredFailure]) -> list[int]:
@@ -106,10 +121,8 @@ def write_fatal(paths: RunPaths, *, attempt: int, rank: int, message: str) -> No
 
 def read_fatal(paths: RunPaths, attempt: int) -> str | None:
     """The message of the unrecoverable error ``attempt`` reported, if any."""
-    try:
-        return str(json.loads((paths.attempt_dir(attempt) / FATAL_MARKER).read_text())["message"])
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        return None
+    data = read_marker(paths, paths.attempt_dir(attempt) / FATAL_MARKER)
+    return str(data["message"]) if data is not None and "message" in data else None
 
 
 _DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",

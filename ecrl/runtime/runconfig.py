@@ -43,6 +43,7 @@ from ecrl.runtime.settings import (
 )
 
 __all__ = [
+    "read_config_text",
     "RunFlag",
     "run_flags",
     "LAUNCH_KEYS",
@@ -366,16 +367,21 @@ def launch_flags() -> tuple[RunFlag, ...]:
 
 
 MAX_CONFIG_BYTES = 1 << 20
-"""A ``--config`` file larger than this is not a run's settings."""
+"""A config file larger than this is not a run's settings (nor a matrix's)."""
 
 
-def _config_text(path: Path) -> str:
-    """The text of the ``--config`` file: a regular file of UTF-8 text, or a one-line error.
+def read_config_text(path: str | os.PathLike[str], *, name: str | None = None,
+                     remedy: str = "give a TOML file of settings") -> str:
+    """The text of a config file the user named (``ecrl run --config``, ``ecrl matrix CONFIG``):
+    a regular file of UTF-8 text, or a one-line :class:`ConfigError` ``NAME: why: REMEDY``
+    (``name`` defaults to ``--config PATH``).
 
     Opened without blocking, so that a FIFO or a device (or a symlink to one) is refused instead
-    of hanging ``ecrl run``; a directory, a binary file or a huge one is refused too."""
+    of hanging the command; a directory, a binary file or a huge one is refused too."""
+    where = name if name is not None else f"--config {os.fspath(path)}"
+
     def refuse(why: str) -> ConfigError:
-        return ConfigError(f"--config {path}: {why}: give a TOML file of settings")
+        return ConfigError(f"{where}: {why}: {remedy}")
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -412,7 +418,7 @@ def _config_text(path: Path) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    text = _config_text(path)
+    text = read_config_text(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -137,6 +137,19 @@ def test_faults_jobs_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", [[], ["--", "python", "train.py"]])
+@pytest.mark.parametrize("nproc", ["0", "-2"])
+def test_nproc_below_one_is_refused_under_its_own_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        nproc: str) -> None:
+    # It was refused as "--world-sizes must be positive integers", a flag the user never gave.
+    out = tmp_path / "run"
+    err = _refused(capsys, ["launch" if command else "run", "--out", str(out), "--nproc", nproc,
+                            *command], "--nproc must be a positive number", f"got {nproc}")
+    assert "--world-sizes" not in err
+    assert not out.exists()
+
+
 def test_an_image_size_no_rank_can_hold_is_refused_before_the_run_exists(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"

@@ -222,3 +222,44 @@ def test_a_data_dir_without_the_data_is_refused_before_anything_runs(tmp_path: P
     message = str(info.value)
     assert message.startswith(f"{path}:12: [datasets.fake] data-dir: {tmp_path / 'empty'}")
     assert "cifar-10-batches-py" in message and "\n" not in message
+
+
+def _matrix_fifo(directory: Path) -> Path:
+    import os
+
+    os.mkfifo(directory / "pipe.toml")
+    return directory / "pipe.toml"
+
+
+def _matrix_binary(directory: Path) -> Path:
+    (directory / "bin.toml").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    return directory / "bin.toml"
+
+
+def _matrix_dir(directory: Path) -> Path:
+    (directory / "dir.toml").mkdir()
+    return directory / "dir.toml"
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (_matrix_fifo, "is not a regular file"),
+    (_matrix_binary, "is not text"),
+    (_matrix_dir, "is a directory"),
+])
+def test_a_matrix_config_that_is_not_a_toml_file_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, why: str) -> None:
+    # The reader of ecrl run --config: a binary file printed a traceback, a FIFO blocked for good.
+    import threading
+
+    config = make(tmp_path)  # type: ignore[operator]
+    out = tmp_path / "out"
+    codes: list[int] = []
+    worker = threading.Thread(target=lambda: codes.append(
+        main(["matrix", str(config), "--out", str(out)])), daemon=True)
+    worker.start()
+    worker.join(30)  # the test's timeout: a reader that blocks on the FIFO fails here
+    assert codes == [2], codes or "ecrl matrix blocked on its config"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"ecrl matrix: error: {config}: {why}"), err
+    assert not out.exists()

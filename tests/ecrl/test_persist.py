@@ -142,3 +142,55 @@ def test_a_failing_event_hook_publishes_nothing(tmp_path: Path) -> None:
                           cursor_step=7, world_size=1, keep=2, before_publish=broken)
     latest = read_latest(paths)
     assert latest is not None and latest.global_step == 3
+
+
+def test_only_the_recorded_attempts_checkpoint_events_make_a_file_count(tmp_path: Path) -> None:
+    # A checkpoint file's checksum is not authenticated: whoever can write the run directory can
+    # forge one and an event naming it. An event in an attempt folder supervisor.json does not
+    # record (or one reached through a link) must not make the forged file a resume point.
+    import os
+
+    from ecrl.contract.runformat import (
+        CheckpointEvent,
+        JsonlWriter,
+        SupervisorAttempt,
+        SupervisorState,
+        write_json_record,
+    )
+    from ecrl.runtime.checkpoint.persist import choose_resume, recorded_checkpoints
+
+    paths = RunPaths.of(tmp_path / "run")
+    paths.checkpoints.mkdir(parents=True)
+    for step in (4, 8, 12):
+        image, size = make_image(step, meta={"world_size": 1})
+        commit_checkpoint(paths, memoryview(image), size, global_step=step, epoch=0,
+                          cursor_step=step, world_size=1, keep=3)
+    paths.latest.unlink()
+
+    def events(attempt: int, step: int, folder: Path | None = None) -> None:
+        folder = folder or paths.attempt_dir(attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        with JsonlWriter(folder / paths.checkpoint_log(attempt).name) as log:
+            log.write(CheckpointEvent(global_step=step, strategy="blocking", snapshot_s=0.0,
+                                      write_s=0.0, enqueue_s=0.0, backpressure_s=0.0,
+                                      stall_s=0.0, bytes=1, path=checkpoint_name(step)))
+
+    def attempt(n: int) -> SupervisorAttempt:
+        return SupervisorAttempt(attempt=n, world_size=1, resumed_from_step=None,
+                                 first_step=None, last_step=None, exit_code=137,
+                                 status="failed", start_time=1.0, end_time=2.0)
+
+    events(0, 4)
+    events(1, 8)  # stray: supervisor.json records attempts 0 and 2 only
+    outside = tmp_path / "outside"
+    events(2, 12, folder=outside)
+    os.symlink(outside, paths.attempt_dir(2))  # a recorded attempt's folder linked out
+    write_json_record(paths.supervisor, SupervisorState(attempts=[attempt(0), attempt(2)],
+                                                        restarts=1, status="failed"))
+    assert recorded_checkpoints(paths) == {4}
+    assert recorded_checkpoints(paths, attempts=[0, 1]) == {4, 8}
+    choice = choose_resume(paths, locate=lambda step: (0, step))
+    assert choice.pointer is not None and choice.pointer.global_step == 4
+    assert choice.reason == "rebuilt"
+    given = choose_resume(paths, locate=lambda step: (0, step), attempts=[0, 1]).pointer
+    assert given is not None and given.global_step == 8  # the caller's attempts, not the file

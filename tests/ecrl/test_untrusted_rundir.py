@@ -140,3 +140,81 @@ def test_a_planted_attempt_folder_is_set_aside_and_the_numbering_stays_whole(
     state = json.loads(paths.supervisor.read_text())
     assert state["stray_logs"] == [{"folder": "logs/attempt-001",
                                     "moved_to": "logs/stray-attempt-001"}]
+
+
+def test_a_standalone_attempt_sets_a_planted_folder_aside_like_the_supervisor(
+        tmp_path: Path) -> None:
+    # Standalone (no ecrl launch) each launch numbered its attempt after every folder on disk, so
+    # a planted logs/attempt-005 made the next attempt 6 and left a gap no verifier accepts.
+    paths = RunPaths.of(tmp_path / "run")
+    for n in (0, 1, 5):
+        paths.attempt_dir(n).mkdir(parents=True)
+        (paths.attempt_dir(n) / "rank-000.jsonl").write_text(f'{{"attempt": {n}}}\n')
+    code = ("from ecrl.runtime._attempt import resolve_attempt\n"
+            f"print(resolve_attempt({str(paths.root)!r}).attempt)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "RANK",
+                                                                       "WORLD_SIZE"))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "2"
+    assert paths.attempts() == [0, 1, 2]
+    kept = paths.logs / "stray-attempt-005" / "rank-000.jsonl"
+    assert kept.read_text() == '{"attempt": 5}\n'  # evidence kept, out of the run format
+    assert (paths.attempt_dir(1) / "rank-000.jsonl").is_file()  # the run's own untouched
+
+
+def test_a_standalone_attempt_keeps_the_attempts_supervisor_json_records(tmp_path: Path) -> None:
+    # A run ecrl launch started, continued standalone: a recorded attempt whose folder is gone
+    # still counts, so the folders after it are the run's own, not strays.
+    from ecrl.runtime._attempt import standalone_attempt
+
+    paths = _stopped_run(tmp_path / "run")
+    state = json.loads(paths.supervisor.read_text())
+    state["attempts"].append({**state["attempts"][0], "attempt": 1})
+    paths.supervisor.write_text(json.dumps(state))
+    paths.attempt_dir(2).mkdir()
+    paths.attempt_dir(4).mkdir()
+    assert standalone_attempt(paths) == (3, [{"folder": "logs/attempt-004",
+                                              "moved_to": "logs/stray-attempt-004"}])
+    assert paths.attempts() == [0, 2]
+
+
+def test_setting_a_stray_folder_aside_is_said_in_one_line(tmp_path: Path) -> None:
+    # supervisor.json alone recorded it: the person continuing the run saw nothing.
+    from ecrl.apps.console import render
+    from ecrl.runtime.runconfig import load_config
+    from ecrl.runtime.supervision.events import Event
+    from ecrl.runtime.supervision.supervisor import Supervisor
+
+    class Collect:
+        def __init__(self) -> None:
+            self.events: list[Event] = []
+
+        def report(self, event: Event) -> None:
+            self.events.append(event)
+
+    paths = _stopped_run(tmp_path / "run")
+    paths.attempt_dir(3).mkdir()
+    config = load_config({"out": str(paths.root)}, config_file=None,
+                         default_out=str(paths.root))
+    reporter = Collect()
+    sup = Supervisor(config, reporter=reporter)
+    try:
+        assert sup._open_run()
+        paths.attempt_dir(1).mkdir()  # planted while the run goes on, where attempt 1 goes
+        assert sup._next_attempt() == 1
+    finally:
+        assert sup._lock is not None
+        sup._lock.close()
+    lines = [line for event in reporter.events for line in render(event)]
+    said = [(stream, text) for stream, text in lines if "stray-attempt" in text]
+    assert said == [
+        ("err", "ecrl run: set aside 1 attempt folder that supervisor.json does not record (not "
+                "written by this run; kept as evidence): logs/attempt-003 → "
+                "logs/stray-attempt-003"),
+        ("err", "ecrl run: set aside 1 attempt folder that supervisor.json does not record (not "
+                "written by this run; kept as evidence): logs/attempt-001 → "
+                "logs/stray-attempt-001")]
+    resuming = next(i for i, (_, text) in enumerate(lines) if "resuming" in text)
+    assert lines.index(said[0]) > resuming  # after the line that names the run

@@ -37,8 +37,11 @@ def test_every_strategy_meets_a_forger() -> None:
         forged = {c.damage: c for c in full if c.strategy == strategy and c.kind == "forge"}
         want = {"pickle", "relative-path", "recycled-link"} if strategy_entry(strategy).sharded \
             else {"pickle"}
-        assert set(forged) == want, strategy
-        assert all(c.expect == "previous" for k, c in forged.items() if k != "recycled-link")
+        fifos = {f"fifo:{log}" for log in ("rank-001.jsonl", "checkpoint_rank0.jsonl")}
+        assert set(forged) == want | fifos, strategy
+        assert all(c.expect == "previous" for k, c in forged.items() if k in want - {
+            "recycled-link"})
+        assert all(c.expect is None for k, c in forged.items() if k in fifos)  # refused
 
 
 def test_quick_profile_is_a_small_subset_of_the_kinds() -> None:

@@ -52,6 +52,20 @@ def test_a_fifo_rank_log_is_refused_not_waited_on(run: Path) -> None:
     assert len(lines) == 1 and "a FIFO, not a regular file" in lines[0], out.stdout
 
 
+@pytest.mark.parametrize("name", ["logs/attempt-000/checkpoint_rank0.jsonl", "supervisor.json",
+                                  "run.json"])
+def test_a_fifo_record_file_is_refused_not_taken_as_missing(run: Path, name: str) -> None:
+    # A FIFO checkpoint log was taken for a missing one: the verdict was UNKNOWN for another
+    # reason ("no durable checkpoint"), or PASS for a run that needed none of its events.
+    path = run / name
+    path.unlink()
+    os.mkfifo(path)
+    out = _verify_cli(run)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if name in line]
+    assert lines and "a FIFO, not a regular file" in lines[0], out.stdout
+
+
 @pytest.mark.parametrize("target", ["outside", "/dev/zero"])
 def test_a_rank_log_linked_outside_the_run_is_refused_and_never_shown(
         run: Path, tmp_path: Path, target: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime import runconfig
-from ecrl.runtime.runconfig import DATASETS, MODELS, RunConfig
+from ecrl.runtime.runconfig import DATASETS, MODELS, RunConfig, read_config_text
 
 __all__ = ["AxisEntry", "Suite", "Unit", "MatrixConfig", "load_matrix", "runtime_strategies",
            "REFERENCE"]
@@ -288,13 +288,10 @@ def _int(src: _Source, table: str, key: str, value: Any, low: int) -> int:
 def load_matrix(path: str | os.PathLike[str], *, seeds: int | None = None) -> MatrixConfig:
     """Read and validate a matrix config; every problem is one :class:`ConfigError` line."""
     file = Path(path)
-    try:
-        text = file.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such matrix config (give a TOML file, or cpu or gpu for "
-                          "a shipped one)") from None
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+    # The reader of ecrl run --config: a directory, a binary file or a FIFO is one line.
+    text = read_config_text(file, name=str(file),
+                            remedy="give a matrix config (a TOML file), or cpu or gpu for a "
+                                   "shipped one")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

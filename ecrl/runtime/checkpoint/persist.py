@@ -51,6 +51,7 @@ from ecrl.contract.runformat import (
     JsonlReader,
     LatestPointer,
     RunPaths,
+    SupervisorState,
     read_json_record,
     write_json_record,
 )
@@ -297,20 +298,30 @@ def clean_temporaries(directory: Path) -> list[str]:
     return removed
 
 
-def recorded_checkpoints(paths: RunPaths, attested: Iterable[int] = ()) -> set[int]:
+def recorded_checkpoints(paths: RunPaths, attested: Iterable[int] = (),
+                         attempts: Iterable[int] | None = None) -> set[int]:
     """Steps of the checkpoints the run's logs record as committed.
 
     A checkpoint event is appended before ``latest.json`` may name a file (step 3 above), so an
     event means "this checkpoint was committed"; ``attested`` adds the resume points the supervisor
     verified itself (``blocking`` logs its event just after publishing).
+
+    Only the logs of ``attempts`` count (default: those ``supervisor.json`` records; none when it
+    is unreadable), each read without following a link out of the run and within the line limit
+    (``root=paths.root``): a folder planted under ``logs/`` is no evidence that a checkpoint was
+    committed, and must not make a forged checkpoint file count.
     """
     steps = set(attested)
-    for attempt in paths.attempts():
+    if attempts is None:
+        try:
+            state = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
+        except RunFormatError:
+            return steps
+        attempts = [a.attempt for a in state.attempts]
+    for attempt in attempts:
         log = paths.checkpoint_log(attempt)
-        if not log.exists():
-            continue
         with contextlib.suppress(RunFormatError, OSError):
-            for _, event in JsonlReader(log, CheckpointEvent, torn_tail_ok=True):
+            for _, event in JsonlReader(log, CheckpointEvent, torn_tail_ok=True, root=paths.root):
                 steps.add(event.global_step)
     return steps
 
@@ -359,11 +370,13 @@ def _pointer_problem(paths: RunPaths, pointer: LatestPointer) -> str | None:
 
 
 def choose_resume(paths: RunPaths, *, locate: Callable[[int], tuple[int, int]],
-                  attested: Iterable[int] = (), restart_hint: str = "") -> ResumeChoice:
+                  attested: Iterable[int] = (), attempts: Iterable[int] | None = None,
+                  restart_hint: str = "") -> ResumeChoice:
     """The checkpoint the next attempt must load (module docstring: the rule).
 
     ``locate`` maps a global step to ``(epoch, cursor_step)`` (the run's geometry), to rebuild a
-    pointer from a file. Raises :class:`CheckpointError` when the logs record committed
+    pointer from a file; ``attempts`` are those whose logs may record committed checkpoints
+    (:func:`recorded_checkpoints`). Raises :class:`CheckpointError` when the logs record committed
     checkpoints but none is left that verifies; ``restart_hint`` ends that message.
     """
     problem: str | None = None
@@ -387,7 +400,7 @@ def choose_resume(paths: RunPaths, *, locate: Callable[[int], tuple[int, int]],
     elif problem is None and paths.checkpoints.is_dir() and any(
             checkpoint_step(e.name) is not None for e in paths.checkpoints.iterdir()):
         problem = "is missing"
-    recorded = recorded_checkpoints(paths, attested)
+    recorded = recorded_checkpoints(paths, attested, attempts)
     files = sorted(((step, entry.name) for entry in (
         paths.checkpoints.iterdir() if paths.checkpoints.is_dir() else ())
         if (step := checkpoint_step(entry.name)) is not None

@@ -23,7 +23,7 @@ from ecrl.runtime.supervision.summary import RunSummary
 __all__ = ["Reporter", "Silent", "Event", "RunOpened", "RunAlreadyComplete", "RunResumed",
            "PointerRepaired", "StopRequested", "AttemptStarted", "StepProgress", "CrashReport",
            "AttemptEnded", "RunCompleted", "RunFailed", "RepeatedCrash", "RestartLimitReached",
-           "DeadlinePassed", "ScriptEndedShort"]
+           "DeadlinePassed", "ScriptEndedShort", "StrayLogsSetAside"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +66,16 @@ class PointerRepaired:
 
     description: str | None
     """The resume choice in words (``ResumeChoice.describe``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StrayLogsSetAside:
+    """Attempt folders under ``logs/`` that ``supervisor.json`` does not record (planted, or
+    copied in) were renamed out of the run format, kept as evidence (``stray_logs``)."""
+
+    command: str
+    moved: tuple[tuple[str, str], ...]
+    """``(folder, moved_to)`` for each, relative to the run directory."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,7 +193,8 @@ class ScriptEndedShort:
     target_steps: int
 
 
-Event = (RunOpened | RunAlreadyComplete | RunResumed | PointerRepaired | StopRequested
+Event = (RunOpened | RunAlreadyComplete | RunResumed | PointerRepaired | StrayLogsSetAside
+         | StopRequested
          | AttemptStarted | StepProgress | AttemptEnded | RunCompleted | RunFailed | RepeatedCrash
          | RestartLimitReached | DeadlinePassed | ScriptEndedShort)
 

@@ -212,6 +212,7 @@ class LaunchSupervisor(Supervisor):
                                  extra=with_strays(state.extra, strays))
             self._report(RunResumed(command=self.name, root=root,
                                     earlier_attempts=len(attempts)))
+            self._report_strays(strays)
         else:
             if not self.program:
                 raise ConfigError("ecrl launch: name the script to run, e.g. `ecrl launch --out "

@@ -27,8 +27,7 @@ from ecrl.runtime.settings import FAKE_CLASSES
 from ecrl.runtime.supervision.progress import attempt_steps
 
 __all__ = ["DiskFull", "check_out", "check_fits", "memory_limit", "plan_manifest",
-           "stale_attempt", "fired_in_stale", "write_record", "check_logs", "set_aside_strays",
-           "set_aside", "with_strays"]
+           "stale_attempt", "fired_in_stale", "write_record", "check_logs", "with_strays"]
 
 
 class DiskFull(Exception):
@@ -173,42 +172,6 @@ def check_logs(paths: RunPaths, attempts: list[int]) -> None:
                 raise RunFormatError(str(entry), None, f"{why}, not a regular file: ECRL never "
                                      "reads a link or special file in a run directory; remove it "
                                      "(or start the run over in a new --out)")
-
-
-def set_aside(paths: RunPaths, attempt: int) -> str | None:
-    """Rename ``logs/attempt-NNN``, which no recorded attempt wrote, to ``logs/stray-attempt-NNN``
-    (``.2``, ``.3``, … when taken); the new name, or None when there is no such folder.
-
-    A stray folder was planted, or copied in: a new attempt numbered after it would leave a gap
-    in the record, and one given its number would append its records to the stray ones. Its
-    contents are kept (evidence), under a name no reader of the run format looks at."""
-    folder = paths.attempt_dir(attempt)
-    if not os.path.lexists(folder):
-        return None
-    target = paths.logs / f"stray-{folder.name}"
-    n = 1
-    while os.path.lexists(target):
-        n += 1
-        target = paths.logs / f"stray-{folder.name}.{n}"
-    os.rename(folder, target)  # a link is renamed itself, never followed
-    return target.name
-
-
-def set_aside_strays(paths: RunPaths, recorded: list[int]) -> list[dict[str, str]]:
-    """:func:`set_aside` every ``logs/attempt-NNN`` folder that ``supervisor.json`` does not
-    record; what was moved, for ``supervisor.json``."""
-    known = set(recorded)
-    moved = []
-    names = sorted(os.listdir(paths.logs)) if check_entry(paths.logs, directory=True) is None \
-        and paths.logs.is_dir() else []
-    numbers = [int(n[8:]) for n in names if n.startswith("attempt-") and n[8:].isdigit()]
-    for number in numbers:
-        if number not in known:
-            name = set_aside(paths, number)
-            if name is not None:
-                moved.append({"folder": f"logs/{paths.attempt_dir(number).name}",
-                              "moved_to": f"logs/{name}"})
-    return moved
 
 
 def with_strays(extra: Mapping[str, Any], moved: list[dict[str, str]]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from ecrl.contract.runformat import (
     SupervisorState,
     read_json_record,
 )
+from ecrl.runtime._attempt import set_aside, set_aside_strays
 from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE, resolve_deadline
 from ecrl.runtime.checkpoint.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.endings import read_ending
@@ -66,6 +67,7 @@ from ecrl.runtime.supervision.events import (
     RunResumed,
     Silent,
     StopRequested,
+    StrayLogsSetAside,
 )
 from ecrl.runtime.supervision.policy import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Outcome
 from ecrl.runtime.supervision.progress import ProgressMeter, StepTail, attempt_steps
@@ -75,8 +77,6 @@ from ecrl.runtime.supervision.rundir import (
     check_out,
     fired_in_stale,
     plan_manifest,
-    set_aside,
-    set_aside_strays,
     stale_attempt,
     with_strays,
     write_record,
@@ -157,6 +157,7 @@ class Supervisor:
                                  extra=with_strays(fired_in_stale(self.paths, state), strays))
             self._report(RunResumed(command=self.name, root=root,
                                     earlier_attempts=len(attempts)))
+            self._report_strays(strays)
         else:
             planned = plan_manifest(self.config)
             self._refuse_foreign(root)
@@ -184,6 +185,12 @@ class Supervisor:
         recorded = [a.attempt for a in state.attempts]
         check_logs(self.paths, recorded)
         return set_aside_strays(self.paths, recorded) if self._owns_logs() else []
+
+    def _report_strays(self, moved: list[dict[str, str]]) -> None:
+        """One line for the folders set aside (``supervisor.json`` alone would hide them)."""
+        if moved:
+            self._report(StrayLogsSetAside(command=self.name, moved=tuple(
+                (m["folder"], m["moved_to"]) for m in moved)))
 
     def _owns_logs(self) -> bool:
         """Whether every attempt folder under logs/ is this supervisor's (not with several
@@ -234,6 +241,7 @@ class Supervisor:
                                       global_batch=self.manifest.global_batch)
         return choose_resume(
             self.paths, locate=geometry.locate, attested=attested,
+            attempts=[a.attempt for a in self.state.attempts],
             restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
     def _command(self, attempt: int, world: int) -> list[str]:
@@ -317,9 +325,10 @@ class Supervisor:
         if self._owns_logs():
             moved = set_aside(self.paths, attempt)
             if moved is not None:
-                self.state = replace(self.state, extra=with_strays(self.state.extra, [{
-                    "folder": f"logs/{self.paths.attempt_dir(attempt).name}",
-                    "moved_to": f"logs/{moved}"}]))
+                stray = [{"folder": f"logs/{self.paths.attempt_dir(attempt).name}",
+                          "moved_to": f"logs/{moved}"}]
+                self.state = replace(self.state, extra=with_strays(self.state.extra, stray))
+                self._report_strays(stray)
         return attempt
 
     def _finish(self, status: str) -> None:
