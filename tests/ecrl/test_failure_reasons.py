@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 from ecrl.runtime.failure import disk_error, fatal_reason, rank_errors
 
 TORCHRUN_LOG = """\
@@ -62,3 +64,13 @@ def test_fatal_reasons() -> None:
     assert fatal_reason(OSError("broken data stream when reading image file")) is not None
     assert fatal_reason(FileNotFoundError(2, "No such file", "x.png")) is None
     assert fatal_reason(ValueError("x")) is None
+
+
+def test_torchs_own_message_for_an_impossible_allocation_is_fatal() -> None:
+    # The allocator's real words, not a copy of them: a torch that rewords them would make an
+    # impossible allocation look like a crash worth a restart.
+    import torch
+
+    with pytest.raises(RuntimeError) as raised:
+        torch.empty(2**62, dtype=torch.uint8)
+    assert "can never succeed" in (fatal_reason(raised.value) or ""), str(raised.value)

@@ -39,13 +39,16 @@ def test_a_broken_image_is_fatal_at_once_with_its_own_message(tmp_path: Path) ->
     assert json.loads((out / "supervisor.json").read_text())["status"] == "failed"
 
 
-def test_an_allocation_larger_than_the_machine_is_fatal_at_once(tmp_path: Path) -> None:
+def test_a_model_larger_than_the_machine_is_refused_before_any_launch(tmp_path: Path) -> None:
+    # Once an attempt that died at its first allocation (fatal, not retried); now the run's
+    # memory is checked before anything is written or launched (ecrl.runtime.supervision.rundir).
     out = tmp_path / "run"
     result = ecrl("run", "--out", str(out), "--image-size", "100000", "--steps", "2")
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
-    assert "can never succeed on this machine" in result.stderr
-    assert len(_attempts(out)) == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "one rank needs at least" in line and "--image-size 100000" in line
+    assert not out.exists()
 
 
 def test_the_same_crash_at_the_same_step_twice_stops_the_run(tmp_path: Path) -> None:
