@@ -56,7 +56,8 @@ from ecrl.contract.semantics import Geometry
 from ecrl.contract.shardfile import MANIFEST
 from ecrl.runtime.checkpoint.registry import periodic_strategies, strategy_entry
 
-__all__ = ["FaultCase", "CaseResult", "cases", "run_campaign", "render_markdown", "main"]
+__all__ = ["FaultCase", "CaseResult", "cases", "run_campaign", "render_markdown", "forge_checksums",
+           "main"]
 
 STRATEGIES = periodic_strategies()
 """Every periodic strategy (the registry's): each meets every fault case."""
@@ -398,10 +399,11 @@ def _outside(root: Path) -> Path:
     return root.parent / f"{root.name}-outside"
 
 
-def _rewrite_checksums(directory: Path, latest_path: Path, names: Sequence[str],
+def forge_checksums(directory: Path, latest_path: Path, names: Sequence[str],
                        version: int | None = None) -> None:
     """Recompute the manifest's checksums of ``names`` and latest.json's of the manifest, and
-    point latest.json at ``directory``: what a forger does."""
+    point latest.json at ``directory``: what a forger does (the campaign's forge cases and the
+    loader's tests share it)."""
     from ecrl.contract.shardfile import file_checksum
 
     manifest = json.loads((directory / MANIFEST).read_text())
@@ -450,7 +452,7 @@ def _forge(root: Path, case: FaultCase) -> None:
         (forged / MANIFEST).write_text(json.dumps({
             "format": "ecrl-dcp", "version": 2, "meta": meta, "tree": {}, "tensors": [],
             "chunks": [{"key": "c000", "nbytes": len(payload)}], "parts": {}}))
-        _rewrite_checksums(forged, latest_path, ["__0_0.distcp", ".metadata"])
+        forge_checksums(forged, latest_path, ["__0_0.distcp", ".metadata"])
     elif (case.damage or "").startswith("fifo:"):
         log = RunPaths.of(root).attempt_dir(0) / (case.damage or "").split(":", 1)[1]
         log.unlink()
@@ -463,7 +465,7 @@ def _forge(root: Path, case: FaultCase) -> None:
                                                      info.offset, info.length)
                                  for index, info in metadata.storage_data.items()}
         (newest / ".metadata").write_bytes(pickle.dumps(metadata))
-        _rewrite_checksums(newest, latest_path, [".metadata"])
+        forge_checksums(newest, latest_path, [".metadata"])
 
 
 def _link_recycled_at(step: int) -> Callable[[subprocess.Popen[str], Path], None]:

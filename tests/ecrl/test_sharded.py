@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import ecrl
+from ecrl.apps.faults import forge_checksums
 from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.runformat import RunPaths
 from ecrl.contract.shardfile import MANIFEST, RECYCLED, file_checksum, read_verified_shards
@@ -155,18 +156,10 @@ def _forge(directory: Path, *, files: dict[str, bytes], version: int | None = No
     recompute every checksum ECRL keeps (the manifest's and latest.json's) so that they match."""
     for name, data in files.items():
         (directory / name).write_bytes(data)
-    manifest = json.loads((directory / MANIFEST).read_text())
-    for name in files:
-        checksum, size = file_checksum(directory / name)
-        manifest["parts"][name] = {"checksum": checksum, "size": size}
-    if version is not None:
-        manifest["version"] = version
-    (directory / MANIFEST).write_text(json.dumps(manifest))
     latest_path = directory.parent / "latest.json"
+    forge_checksums(directory, latest_path, list(files), version)
     latest = json.loads(latest_path.read_text())
-    latest["checksum"] = file_checksum(directory / MANIFEST)[0]
-    latest["path"] = directory.name
-    latest["global_step"] = manifest["meta"]["global_step"]
+    latest["global_step"] = json.loads((directory / MANIFEST).read_text())["meta"]["global_step"]
     latest_path.write_text(json.dumps(latest))
 
 
