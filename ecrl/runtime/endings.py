@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ecrl.contract.runformat import RunPaths
 from ecrl.runtime.failure import read_marker
 
-__all__ = ["JIT_MARKER", "HUNG_MARKER", "DEADLINE_MARKER", "Ending", "read_ending"]
+__all__ = ["JIT_MARKER", "HUNG_MARKER", "DEADLINE_MARKER", "Ending", "read_ending", "hung_markers"]
 
 JIT_MARKER = "jit.json"
 HUNG_MARKER = "hung-rank-{rank:03d}.json"
@@ -61,12 +62,11 @@ def read_ending(paths: RunPaths, attempt: int, world_size: int) -> Ending | None
     if deadline is not None:
         return Ending(status="deadline", deadline=deadline)
     hung: dict[int, dict[str, Any]] = {}
-    if directory.is_dir():
-        for entry in directory.iterdir():
-            match = _HUNG.match(entry.name)
-            record = read_marker(paths, entry) if match else None
-            if match and record is not None:
-                hung[int(match.group(1))] = record
+    for entry in hung_markers(directory):
+        record = read_marker(paths, entry)
+        match = _HUNG.match(entry.name)
+        if record is not None and match is not None:
+            hung[int(match.group(1))] = record
     jit = read_marker(paths, directory / JIT_MARKER)
     if hung:
         stopped = tuple(r for r in range(world_size) if r not in hung)
@@ -74,3 +74,11 @@ def read_ending(paths: RunPaths, attempt: int, world_size: int) -> Ending | None
     if jit is not None:
         return Ending(status="jit", jit=jit)
     return None
+
+
+def hung_markers(directory: Path) -> list[Path]:
+    """The ``hung-rank-RRR.json`` markers in an attempt's folder."""
+    try:
+        return sorted(e for e in directory.iterdir() if _HUNG.match(e.name))
+    except OSError:
+        return []

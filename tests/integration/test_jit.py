@@ -291,6 +291,9 @@ def test_a_stopped_rank_is_detected_as_hung_and_the_run_completes(
     assert [a.status for a in state.attempts] == ["hung", "completed"]
     ending = state.extra["endings"]["0"]
     assert ending["stopped_ranks"] == [1]
+    # once the survivor had saved and gone, the supervisor killed the stopped rank (torchrun's
+    # SIGTERM cannot reach a stopped process: its 30 s grace was part of every such recovery)
+    assert ending["hung_ranks_killed"] == 1
     seen = ending["hung"]["0"]
     # Detected within the bound (plus the watchdog's polling step, bound / 20).
     assert seen["bound_s"] == bound and seen["waited_s"] <= bound * 1.05 + 0.1

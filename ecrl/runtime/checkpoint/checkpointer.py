@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import random
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -554,7 +555,11 @@ class Checkpointer:
             atomic_write_text(paths.attempt_dir(attempt) / HUNG_MARKER.format(rank=self.rank),
                               json.dumps({"rank": self.rank, "last_step": last_step,
                                           "waited_s": waited, "bound_s": bound,
-                                          "time": time.time()}) + "\n")
+                                          "time": time.time(),
+                                          # the supervisor ends the hung ranks once this
+                                          # process is gone (supervision.hung)
+                                          "pid": os.getpid(),
+                                          "host": socket.gethostname()}) + "\n")
         reason = f"no step completed for {waited:.1f} s (hang bound {bound:.1f} s)"
         if self._jit is not None:
             exit_after_rescue(self._jit, reason, code=HUNG_EXIT_CODE)

@@ -69,6 +69,7 @@ from ecrl.runtime.supervision.events import (
     StopRequested,
     StrayLogsSetAside,
 )
+from ecrl.runtime.supervision.hung import kill_remaining_workers, survivors_done
 from ecrl.runtime.supervision.policy import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Outcome
 from ecrl.runtime.supervision.progress import ProgressMeter, StepTail, attempt_steps
 from ecrl.runtime.supervision.rundir import (
@@ -112,6 +113,8 @@ class Supervisor:
                               init=False)
     _deadline: float | None = field(default=None, init=False)
     _standby: Standby | None = field(default=None, init=False)
+    _hung_killed: list[int] | None = field(default=None, init=False)
+    """The current attempt's hung ranks this supervisor killed (:mod:`.hung`); None: none yet."""
 
     def _report(self, event: Event) -> None:
         self.reporter.report(event)
@@ -284,6 +287,7 @@ class Supervisor:
         # both would compete for the same cores).
         standby_due = self._standby_enabled()
         stopping_since: float | None = None
+        self._hung_killed = None
         while True:
             try:
                 code: int | None = proc.wait(timeout=self.poll_s)
@@ -296,6 +300,8 @@ class Supervisor:
                 self._report(progress)
             if code is not None:
                 return code
+            if self._hung_killed is None and survivors_done(paths, attempt):
+                self._hung_killed = kill_remaining_workers(proc.pid)
             if standby_due and records and self._stop is None:
                 standby_due = False
                 self._prepare_standby(attempt + 1)
@@ -428,8 +434,10 @@ class Supervisor:
             ending=read_ending(self.paths, attempt, world))
         extra = dict(self.state.extra)
         if outcome.ending is not None:
-            extra["endings"] = {**extra.get("endings", {}),
-                               str(attempt): outcome.ending.to_dict()}
+            ending = outcome.ending.to_dict()
+            if self._hung_killed:
+                ending["hung_ranks_killed"] = len(self._hung_killed)
+            extra["endings"] = {**extra.get("endings", {}), str(attempt): ending}
         if outcome.crashed:
             log = self.paths.attempt_dir(attempt) / TORCHRUN_LOG
             outcome = replace(outcome, error=policy.rank_error(log))
