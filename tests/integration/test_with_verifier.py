@@ -107,15 +107,23 @@ def test_a_stopped_run_is_unknown_until_it_is_continued(tmp_path: Path) -> None:
     assert run["anomalies"] == [], run
     unfinished = run["unfinished"]
     assert isinstance(unfinished, dict)
-    assert unfinished["status"] == "stopped" and unfinished["durable_step"] == durable
-    assert unfinished["committed_steps"] == durable + 1 < 100
+    claimed = unfinished["durable_step"]
+    assert unfinished["status"] == "stopped"
+    if claimed != durable:
+        # Ctrl-C landed between latest.json's publication and its checkpoint event: the verifier
+        # claims the checkpoint before it, never more than is recorded (lineage.durable_step),
+        # and says why.
+        assert claimed == durable - 20, (claimed, durable)
+        notes = [w["message"] for w in run["warnings"] if w["kind"] == "latest"]
+        assert any(f"no checkpoint event backs step {durable}" in n for n in notes), run
+    assert unfinished["committed_steps"] == claimed + 1 < 100
     assert run["unknown"] == [unfinished["message"]]
     # supervisor.json's last_step (every rank) agrees with the logs even after a mid-step stop.
     assert not [w for w in run["warnings"] if w["kind"] == "supervisor"], run["warnings"]
     message = str(unfinished["message"])
     assert message.startswith("run not finished (status 'stopped' after step ")
-    assert f"steps 0..{durable} proved exactly once up to the last durable checkpoint" in message
-    assert f"steps {durable + 1}..99 not committed yet" in message
+    assert f"steps 0..{claimed} proved exactly once up to the last durable checkpoint" in message
+    assert f"steps {claimed + 1}..99 not committed yet" in message
     assert f"continue it with `ecrl run --out {root}`" in message
 
     # The mutation catalogue on the real stopped run: every harmful mutation of its committed
