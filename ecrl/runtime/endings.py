@@ -22,9 +22,12 @@ from typing import Any
 from ecrl.contract.runformat import RunPaths
 from ecrl.runtime.failure import read_marker
 
-__all__ = ["JIT_MARKER", "HUNG_MARKER", "DEADLINE_MARKER", "Ending", "read_ending", "hung_markers"]
+__all__ = ["JIT_MARKER", "JIT_CLAIM", "HUNG_MARKER", "DEADLINE_MARKER", "Ending", "read_ending",
+           "hung_markers"]
 
 JIT_MARKER = "jit.json"
+JIT_CLAIM = "jit.claim"
+"""Created (``O_EXCL``) by the one survivor that saves; ``jit.json`` follows once it is done."""
 HUNG_MARKER = "hung-rank-{rank:03d}.json"
 DEADLINE_MARKER = "deadline.json"
 _HUNG = re.compile(r"^hung-rank-(\d{3,})\.json$")

@@ -38,7 +38,8 @@ from ecrl.contract.runformat import RunPaths, loads, read_small_file
 
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
            "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "disk_remedy",
-           "fatal_reason", "RankError", "rank_errors", "RestartableError", "read_marker"]
+           "fatal_reason", "RankError", "rank_errors", "RestartableError", "read_marker",
+           "machine_memory"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
@@ -160,7 +161,8 @@ _UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 _BAD_DATA = ("UnidentifiedImageError", "DecompressionBombError", "UnpicklingError")
 
 
-def _machine_memory() -> int | None:
+def machine_memory() -> int | None:
+    """Bytes of physical memory (None where the system does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
@@ -186,7 +188,7 @@ def fatal_reason(exc: BaseException, where: object = None) -> str | None:
     if disk is not None:
         return f"{disk} ({disk_remedy(exc)}, then run the same command again to continue)"
     line = _exception_line(exc)
-    total = _machine_memory()
+    total = machine_memory()
     if isinstance(exc, MemoryError):
         limit = f"this machine has {total:,} bytes of memory" if total is not None \
             else "more than this process can get"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime.endings import HUNG_MARKER
+from ecrl.runtime.endings import HUNG_MARKER, JIT_CLAIM, JIT_MARKER
 from ecrl.runtime.supervision.hung import kill_remaining_workers, survivors_done
 
 # A stand-in for torchrun: a parent whose worker runs in a session of its own, as torchrun's do.
@@ -47,6 +47,11 @@ def test_the_attempt_is_over_once_every_survivor_here_has_exited(tmp_path: Path)
     _marker(paths, 2, pid=_finished_pid(), host="another-node")
     assert not survivors_done(paths, 0)  # that node's torchrun ends its own ranks
     _marker(paths, 2, pid=_finished_pid(), host=host)
+    assert survivors_done(paths, 0)
+    # A rank without a marker claimed the rescue (a dead peer's error): wait for its jit.json.
+    (paths.attempt_dir(0) / JIT_CLAIM).write_text("")
+    assert not survivors_done(paths, 0)
+    (paths.attempt_dir(0) / JIT_MARKER).write_text("{}")
     assert survivors_done(paths, 0)
     _marker(paths, 3)  # written by an ECRL that named no pid
     assert not survivors_done(paths, 0)

@@ -4,12 +4,14 @@ tests/integration/test_jit*.py)."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from ecrl.contract.runformat import RunPaths
+from ecrl.contract.runformat import MAX_LINE_BYTES, RunPaths
 from ecrl.runtime.checkpoint import registry
 from ecrl.runtime.checkpoint.jit import JitCheckpoints, _copy_into, _KillHook, logged_through
 from ecrl.runtime.checkpoint.watchdog import Watchdog, WatchdogConfig
@@ -30,6 +32,30 @@ def test_logged_through_reads_the_last_complete_line(tmp_path: Path) -> None:
     assert logged_through(log) == 49
     log.write_text('{"global_step": 3, "x')
     assert logged_through(log) is None
+
+
+def test_logged_through_trusts_only_a_regular_log_and_reads_a_bounded_tail(
+        tmp_path: Path) -> None:
+    # A peer's log planted as a FIFO (no writer: opening it to read would wait for good) or a
+    # link elsewhere is not read: the rescue saves nothing rather than hang or trust it.
+    fifo = tmp_path / "rank-001.jsonl"
+    os.mkfifo(fifo)
+    seen: list[int | None] = []
+    reader = threading.Thread(target=lambda: seen.append(logged_through(fifo)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)  # the test's timeout: a reader blocked on the FIFO fails here
+    assert seen == [None]
+    outside = tmp_path / "outside.jsonl"
+    _lines(outside, [0, 1, 2])
+    link = tmp_path / "rank-002.jsonl"
+    link.symlink_to(outside)
+    assert logged_through(link) is None and logged_through(outside) == 2
+    # A tail without a newline for longer than the format's line limit holds no step.
+    huge = tmp_path / "rank-003.jsonl"
+    _lines(huge, [7])
+    with huge.open("ab") as handle:
+        handle.write(b"x" * (3 * MAX_LINE_BYTES))
+    assert logged_through(huge) is None
 
 
 def test_copy_into_reuses_buffers_and_is_independent() -> None:

@@ -35,13 +35,13 @@ from ecrl.contract.runformat._safeio import (
     MAX_RECORD_BYTES,
     check_entry,
     open_regular,
+    read_small_file,
 )
 from ecrl.contract.runformat.jsonl import (
     JsonlReader,
     JsonlWriter,
     TornLine,
     read_json_record,
-    read_small_file,
     write_json_record,
 )
 from ecrl.contract.runformat.layout import RunPaths, find_runs, is_run_dir

@@ -3,7 +3,7 @@
 A run directory is data, and whoever can write it can plant anything there: a symlink from a
 rank log to ``/etc/passwd`` or ``/dev/zero``, ``logs/`` as a link to another directory, a FIFO
 that blocks the first ``open`` for good, a line of gigabytes. Every reader of the run format
-therefore opens files through :func:`open_regular`:
+therefore opens files through :func:`ecrl.contract.safepath.open_regular`:
 
 - each directory component below the run root is opened with ``O_NOFOLLOW | O_DIRECTORY``
   relative to its parent's descriptor (``openat``), so no link is followed on the way and no
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
-__all__ = ["MAX_LINE_BYTES", "MAX_RECORD_BYTES", "CHUNK_BYTES", "open_regular", "read_bounded",
-           "check_entry"]
+from ecrl.contract import safepath
+from ecrl.contract.safepath import check_entry
+
+__all__ = ["MAX_LINE_BYTES", "MAX_RECORD_BYTES", "CHUNK_BYTES", "open_regular",
+           "read_small_file", "check_entry"]
 
 MAX_LINE_BYTES = 1 << 20
 """Longest line (without its newline) a JSON-lines file of the run format may hold: 1 MiB. A step
@@ -37,93 +39,20 @@ MAX_RECORD_BYTES = 16 << 20
 CHUNK_BYTES = 64 << 10
 """Bytes read per call by the bounded readers."""
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
-
-
-def _kind(mode: int) -> str:
-    for test, name in _KINDS:
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _refuse(path: str, what: str) -> OSError:
-    return OSError(errno.EINVAL, f"{what}, not a regular file (a run directory's files are never "
-                                 "followed through links or read from special files)", path)
-
-
-def _parts(path: str, root: str) -> list[str]:
-    full, base = os.path.abspath(path), os.path.abspath(root)
-    rel = os.path.relpath(full, base)
-    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep) \
-            or os.path.isabs(rel):
-        raise OSError(errno.EXDEV, "outside the run directory, not read", path)
-    return rel.split(os.sep)
-
 
 def open_regular(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
                  ) -> int:
-    """A read-only descriptor of the regular file ``path``; :class:`OSError` (its ``strerror``
-    one line, its ``filename`` the path) for anything else — see the module docstring.
-
-    ``root``: the run directory; every component of ``path`` below it must be a real directory.
-    Without it only the file itself is checked."""
-    p = os.fspath(path)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    if root is None:
-        dirfd, name, where = None, p, p
-    else:
-        parts = _parts(p, os.fspath(root))
-        dirfd = os.open(os.fspath(root), os.O_RDONLY | os.O_DIRECTORY)
-        where = os.fspath(root)
-        try:
-            for part in parts[:-1]:
-                where = os.path.join(where, part)
-                try:
-                    nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                  dir_fd=dirfd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        info = os.lstat(part, dir_fd=dirfd)
-                        inside = os.path.relpath(where, os.fspath(root))
-                        raise OSError(errno.EINVAL, f"its folder {inside} is "
-                                      f"{_kind(info.st_mode)}, not a directory (links are never "
-                                      "followed in a run directory)", p) from None
-                    raise
-                os.close(dirfd)
-                dirfd = nxt
-        except BaseException:
-            os.close(dirfd)
-            raise
-        name, where = parts[-1], p
-    try:
-        fd = os.open(name, flags, dir_fd=dirfd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _refuse(where, "a symbolic link") from None
-        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket (or FIFO without reader)
-            info = os.lstat(name, dir_fd=dirfd)
-            raise _refuse(where, _kind(info.st_mode)) from None
-        raise
-    finally:
-        if dirfd is not None:
-            os.close(dirfd)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _refuse(where, _kind(mode))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """:func:`ecrl.contract.safepath.open_regular` for reading, its refusals an :class:`OSError`
+    (one line in ``strerror``) like any file the readers cannot read."""
+    return safepath.open_regular(path, root=root, error=None)
 
 
-def read_bounded(path: str | os.PathLike[str], *, limit: int,
-                 root: str | os.PathLike[str] | None = None) -> bytes:
-    """The whole of a regular file of at most ``limit`` bytes (:func:`open_regular`); larger is an
-    :class:`OSError` (``EFBIG``) after reading at most ``limit + 1`` bytes."""
+def read_small_file(path: str | os.PathLike[str], *, limit: int,
+                    root: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes of a small regular file of the run directory (:func:`open_regular`: no link
+    followed, below ``root`` none on the way either; no FIFO or device waited on), at most
+    ``limit`` of them: a larger file is an :class:`OSError` (``EFBIG``) after reading at most
+    ``limit + 1`` bytes."""
     fd = open_regular(path, root=root)
     try:
         chunks: list[bytes] = []
@@ -139,14 +68,3 @@ def read_bounded(path: str | os.PathLike[str], *, limit: int,
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def check_entry(path: str | os.PathLike[str], *, directory: bool = False) -> str | None:
-    """Why ``path`` (not followed) is not a regular file (or, with ``directory``, a directory);
-    None when it is, or when it does not exist."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    ok = stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)
-    return None if ok else _kind(mode)

@@ -23,11 +23,10 @@ from ecrl.contract.runformat._safeio import (
     MAX_LINE_BYTES,
     MAX_RECORD_BYTES,
     open_regular,
-    read_bounded,
+    read_small_file,
 )
 
-__all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "read_small_file",
-           "write_json_record"]
+__all__ = ["TornLine", "JsonlReader", "JsonlWriter", "read_json_record", "write_json_record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +155,6 @@ def write_json_record(path: str | os.PathLike[str], record: Record, *,
     atomic_write_bytes(path, text.encode("utf-8"), hook=hook)
 
 
-def read_small_file(path: str | os.PathLike[str], *, limit: int,
-                    root: str | os.PathLike[str] | None = None) -> bytes:
-    """The bytes of a small regular file of the run directory, never following a symlink (below
-    ``root``, none on the way either), never blocking on a FIFO or device, and never reading more
-    than ``limit`` bytes: someone else may be able to write the run directory. Raises
-    :class:`OSError` otherwise."""
-    return read_bounded(path, limit=limit, root=root)
-
-
 def read_json_record(path: str | os.PathLike[str], record: type[R], *,
                      root: str | os.PathLike[str] | None = None,
                      limit: int = MAX_RECORD_BYTES) -> R:
@@ -172,7 +162,7 @@ def read_json_record(path: str | os.PathLike[str], record: type[R], *,
     bytes of a regular file, no link followed)."""
     p = str(path)
     try:
-        data = read_bounded(p, limit=limit, root=root)
+        data = read_small_file(p, limit=limit, root=root)
     except FileNotFoundError:
         raise RunFormatError(p, None, "file is missing") from None
     except OSError as exc:

@@ -62,21 +62,21 @@ from typing import Any
 
 import torch
 
+from ecrl.contract import safepath
 from ecrl.contract.atomicio import atomic_write_text
 from ecrl.contract.ckptfile import FOOTER_SIZE
-from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, RunPaths, loads
+from ecrl.contract.runformat import MAX_LINE_BYTES, CheckpointEvent, JsonlWriter, loads
 from ecrl.runtime.checkpoint import statepack
 from ecrl.runtime.checkpoint.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
 from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key
 from ecrl.runtime.checkpoint.strategies import BlockingCheckpoints, CheckpointContext
-from ecrl.runtime.endings import JIT_MARKER
+from ecrl.runtime.endings import JIT_CLAIM, JIT_MARKER
 
-__all__ = ["JIT_EXIT_CODE", "JIT_MARKER", "CLAIM", "KILL_ENV", "PeerLost", "JitCheckpoints",
-           "RescueResult", "logged_through", "read_jit"]
+__all__ = ["JIT_EXIT_CODE", "JIT_MARKER", "JIT_CLAIM", "KILL_ENV", "PeerLost", "JitCheckpoints",
+           "RescueResult", "logged_through"]
 
 JIT_EXIT_CODE = 76
 """A survivor's exit after its rescue (saved or not): the supervisor reads ``jit.json``."""
-CLAIM = "jit.claim"
 KILL_ENV = "ECRL_JIT_KILL"
 """Test hook ``STEP:PHASE[:RANK[:ATTEMPT]]``: SIGKILL rank RANK (default 1) at ``PHASE`` of
 ``STEP`` in attempt ATTEMPT (default 0); several, comma-separated:
@@ -105,22 +105,16 @@ class RescueResult:
                 "time": time.time()}
 
 
-def read_jit(paths: RunPaths, attempt: int) -> dict[str, Any] | None:
-    """The rescue record of ``attempt`` (None when no survivor wrote one)."""
-    try:
-        data = json.loads((paths.attempt_dir(attempt) / JIT_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def logged_through(path: os.PathLike[str] | str, *, chunk: int = 1 << 16) -> int | None:
-    """The highest ``global_step`` among the complete lines at the end of a step log."""
+    """The highest ``global_step`` among the complete lines at the end of a step log; None when
+    it logged none, or when the log is not a regular file (a planted link or FIFO: the rescue then
+    saves nothing rather than wait on it or trust it) or its tail holds no line within the
+    format's line limit."""
     try:
-        with open(path, "rb") as handle:
+        with safepath.read_regular(path, error=None) as handle:
             size = handle.seek(0, os.SEEK_END)
             span = min(size, chunk)
-            while True:
+            while span <= 2 * MAX_LINE_BYTES + chunk:
                 handle.seek(size - span)
                 data = handle.read(span)
                 end = data.rfind(b"\n")
@@ -135,7 +129,8 @@ def logged_through(path: os.PathLike[str] | str, *, chunk: int = 1 << 16) -> int
                 if best is not None or span == size:
                     return best
                 span = min(size, span * 4)
-    except FileNotFoundError:
+            return None
+    except (FileNotFoundError, safepath.UnsafeFileError):
         return None
 
 
@@ -515,7 +510,7 @@ class JitCheckpoints(BlockingCheckpoints):
         result = RescueResult(rank=ctx.rank, global_step=None, source=None, reason=reason,
                               saved=False)
         try:
-            claim = ctx.paths.attempt_dir(ctx.attempt) / CLAIM
+            claim = ctx.paths.attempt_dir(ctx.attempt) / JIT_CLAIM
             try:
                 os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             except FileExistsError:

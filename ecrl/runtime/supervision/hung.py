@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 
 from ecrl.contract.runformat import RunPaths
-from ecrl.runtime.endings import hung_markers
+from ecrl.runtime.endings import JIT_CLAIM, JIT_MARKER, hung_markers
 from ecrl.runtime.failure import read_marker
 
 __all__ = ["survivors_done", "kill_remaining_workers"]
@@ -44,10 +44,14 @@ def _exited(pid: int) -> bool:
 
 
 def survivors_done(paths: RunPaths, attempt: int) -> bool:
-    """Whether the attempt is hung and every rank that said so has exited on this host."""
+    """Whether the attempt is hung, every rank that said so has exited on this host, and no
+    rescue is under way (a rank that claimed it after a dead peer's error, without a marker of
+    its own, writes ``jit.json`` when it is done)."""
     directory = paths.attempt_dir(attempt)
     markers = [read_marker(paths, p) for p in hung_markers(directory)]
     if not markers or any(m is None for m in markers):
+        return False
+    if os.path.lexists(directory / JIT_CLAIM) and not os.path.lexists(directory / JIT_MARKER):
         return False
     host = socket.gethostname()
     pids = [m.get("pid") for m in markers if m is not None and m.get("host") == host]

@@ -20,7 +20,7 @@ from ecrl.contract.runformat import (
     write_json_record,
 )
 from ecrl.runtime.checkpoint.persist import CrashHook
-from ecrl.runtime.failure import disk_error, disk_remedy, read_fired
+from ecrl.runtime.failure import disk_error, disk_remedy, machine_memory, read_fired
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import FAKE_CLASSES
@@ -81,9 +81,9 @@ def memory_limit() -> tuple[int, str] | None:
     """The memory this machine's processes can have, and what sets it: the cgroup's limit
     (cgroup v2 ``memory.max``) when lower than the physical memory. None when unknown."""
     limits: list[tuple[int, str]] = []
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        limits.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                       "memory of this machine"))
+    physical = machine_memory()
+    if physical is not None:
+        limits.append((physical, "memory of this machine"))
     with contextlib.suppress(ValueError, OSError):
         raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if raw != "max":
