@@ -78,13 +78,16 @@ def _run(args: argparse.Namespace) -> int:
         print("ecrl-transform: error: --explain and --diff both print to stdout: use one, or "
               "--explain with -o OUT", file=sys.stderr)
         return EXIT_ERROR
-    path = Path(args.src)
+    from transform.sourcetext import read_source
+
     try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        file = read_source(args.src)
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (
+            exc.msg if isinstance(exc, SyntaxError) else str(exc))
         print(f"ecrl-transform: error: cannot read {args.src}: {reason}", file=sys.stderr)
         return EXIT_ERROR
+    source = file.text
     from transform.codegen import already_transformed
 
     written = source
@@ -127,31 +130,33 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if generated.note:
         print(f"ecrl-transform: {generated.note}", file=sys.stderr)
-    return _write(args, written, generated.code)
+    return _write(args, written, generated.code, file.encode(generated.code))
 
 
-def _write_file(target: Path, code: str, *, mode_of: Path) -> None:
+def _write_file(target: Path, data: bytes, *, mode_of: Path) -> None:
     """Write atomically, keeping the permissions a user expects: an existing target keeps its
     own, a new one gets the source's (the atomic write's temporary file is owner-only)."""
-    from ecrl.contract.atomicio import atomic_write_text
+    from ecrl.contract.atomicio import atomic_write_bytes
 
     try:
         mode = stat.S_IMODE((target if target.exists() else mode_of).stat().st_mode)
     except OSError:
         mode = None
-    atomic_write_text(target, code)
+    atomic_write_bytes(target, data)
     if mode is not None:
         os.chmod(target, mode)
 
 
-def _write(args: argparse.Namespace, source: str, code: str) -> int:
+def _write(args: argparse.Namespace, source: str, code: str, data: bytes) -> int:
+    """Act on the generated program: ``code`` as text, ``data`` as the file's bytes (the
+    source's encoding and line endings)."""
     if args.check:
         target = Path(args.output) if args.output else Path(args.src)
         try:
-            current = target.read_text(encoding="utf-8")
+            current: bytes | None = target.read_bytes()
         except FileNotFoundError:
             current = None
-        if current != code:
+        if current != data:
             print(f"ecrl-transform: {target} would change", file=sys.stderr)
             return EXIT_DIFFERENT
         return EXIT_OK
@@ -164,12 +169,18 @@ def _write(args: argparse.Namespace, source: str, code: str) -> int:
         return EXIT_OK
     if args.in_place:
         if code != source:
-            _write_file(Path(args.src), code, mode_of=Path(args.src))
+            _write_file(Path(args.src), data, mode_of=Path(args.src))
         return EXIT_OK
     if args.output:
-        _write_file(Path(args.output), code, mode_of=Path(args.src))
+        _write_file(Path(args.output), data, mode_of=Path(args.src))
         return EXIT_OK
-    sys.stdout.write(code)
+    binary = getattr(sys.stdout, "buffer", None)
+    if binary is None:  # a text-only stream (an embedding application's): the text, as is
+        sys.stdout.write(code)
+        return EXIT_OK
+    sys.stdout.flush()
+    binary.write(data)
+    binary.flush()
     return EXIT_OK
 
 

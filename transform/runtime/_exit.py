@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import tokenize
 import traceback
 import types
 from collections.abc import Mapping, Sequence
@@ -143,7 +144,7 @@ def user_traceback(programs: Sequence[Program], kind: type[BaseException],
             if program is None or frame.lineno is None:
                 continue
             if path not in maps:
-                with open(path, encoding="utf-8") as f:
+                with tokenize.open(path) as f:  # its own encoding, any line ending
                     maps[path] = (*line_map(program.lines), f.read().splitlines())
             mapping, changed, ours = maps[path]
             line = mapping.get(frame.lineno, 0)

@@ -188,7 +188,7 @@ def _program_code_objects() -> frozenset[types.CodeType]:
     if _Context.program_codes is None:
         codes: set[types.CodeType] = set()
         try:
-            with open(_Context.program_file, encoding="utf-8") as f:
+            with open(_Context.program_file, "rb") as f:  # bytes: compile honours the coding
                 top = compile(f.read(), _Context.program_file, "exec", dont_inherit=True)
         except (OSError, SyntaxError):
             top = None
