@@ -6,6 +6,8 @@ Real processes: programs are transformed, SIGKILLed by the runtime at a chosen s
 
 from __future__ import annotations
 
+import pickle
+
 import killresume as kr
 import pytest
 from test_runtime import original_output, prepare, resume_after
@@ -71,6 +73,50 @@ def test_a_live_autograd_graph_is_refused_at_the_first_save(tmp_path) -> None:
     assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
     assert "original.py:11: cannot save `total` (a Tensor)" in done.stderr
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
+
+
+# A data set kept as row views of one array (a real MNIST load makes 70,000 of them): disjoint
+# views are saved, each as its own copy, and the check that refuses overlapping ones must not
+# compare every pair (it was quadratic: minutes per save at this size).
+ROW_VIEWS = """
+import numpy as np
+from transform import _checkpoint
+
+data = np.arange(40_000 * 4, dtype=np.float64).reshape(40_000, 4)
+rows = [data[i] for i in range(len(data))]
+del data
+w = np.zeros(4)
+for step in range(6):
+    _iterations: 6
+    w += rows[step * 997] * 0.5
+    _checkpoint()
+print(w.tolist(), sum(float(r[0]) for r in rows[::4_000]))
+"""
+
+
+def test_tens_of_thousands_of_row_views_are_saved_and_resume_exactly(tmp_path) -> None:
+    original, program, env = prepare(tmp_path, ROW_VIEWS, "--all-hints")
+    assert resume_after(program, env, "3") == original_output(original, env)
+
+
+def test_the_overlap_check_finds_shared_memory_between_any_two_arrays() -> None:
+    import numpy as np
+
+    from transform.runtime._pickling import _check_shared_memory
+
+    base = np.arange(100_000 * 8, dtype=np.float32).reshape(100_000, 8)
+    rows = [base[i] for i in range(len(base))]
+    _check_shared_memory(rows)  # disjoint: nothing to refuse
+    _check_shared_memory([base[::2, 0], np.zeros(3), base[1::2, 1][:0]])
+    overlapping = [
+        [*rows, base[50_000:50_002]],  # a slice over two of the rows
+        [rows[7], rows[7][2:]],  # a view of a view
+        [base[::2], base[1::2]],  # interleaved extents (np.may_share_memory's bounds test)
+        [base, np.frombuffer(base.data, dtype=np.float32)],  # one buffer, two unrelated bases
+    ]
+    for arrays in overlapping:
+        with pytest.raises(pickle.PicklingError, match="share memory"):
+            _check_shared_memory(arrays)
 
 
 SHARED_VIEW = """

@@ -466,27 +466,45 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
 
 
 def _check_shared_memory(arrays: list[Any]) -> None:
-    """Refuse arrays that overlap in memory (a view and its base, two overlapping views): each is
-    pickled as its own copy, so after a resume an update through one would no longer reach the
-    other — a silent difference."""
-    groups: dict[int, list[Any]] = {}
-    for array in arrays:
-        root = array
-        while getattr(root, "base", None) is not None:
-            root = root.base
-        groups.setdefault(id(root), []).append(array)
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        import numpy as np
+    """Refuse arrays that overlap in memory (a view and its base, two overlapping views, two
+    arrays over one buffer): each is pickled as its own copy, so after a resume an update through
+    one would no longer reach the other — a silent difference.
 
-        for i, a in enumerate(members):
-            for b in members[i + 1:]:
-                if a is not b and np.may_share_memory(a, b):
-                    raise pickle.PicklingError(
-                        f"two saved NumPy arrays share memory (shapes {a.shape} and {b.shape}, "
-                        "one a view of the other): saved apart they would stop sharing it; "
-                        "keep only one of them live across the checkpoint, or copy the view")
+    One sort of the arrays' byte extents, then one sweep: an array that starts before the
+    furthest end reached so far overlaps the array that reached it (the bounds test of
+    ``np.may_share_memory``). O(n log n) in the number of arrays, where comparing every pair of a
+    base's views was quadratic (70,000 row views of a data set took minutes per save).
+    """
+    if len(arrays) < 2:
+        return
+    bounds = _byte_bounds()
+    extents: list[tuple[int, int, Any]] = []
+    seen: set[int] = set()
+    for array in arrays:
+        if array.size == 0 or id(array) in seen:  # an empty array shares no memory
+            continue
+        seen.add(id(array))
+        low, high = bounds(array)
+        extents.append((low, high, array))
+    extents.sort(key=lambda extent: extent[0])
+    reach, reached_by = -1, ()
+    for low, high, array in extents:
+        if low < reach:
+            raise pickle.PicklingError(
+                f"two saved NumPy arrays share memory (shapes {reached_by} and "
+                f"{array.shape}, one a view of the other): saved apart they would stop sharing "
+                "it; keep only one of them live across the checkpoint, or copy the view")
+        if high > reach:
+            reach, reached_by = high, array.shape
+
+
+def _byte_bounds() -> Callable[[Any], tuple[int, int]]:
+    try:  # NumPy 2
+        from numpy.lib.array_utils import byte_bounds
+    except ImportError:  # NumPy 1 (imported: the arrays are its)
+        bounds: Callable[[Any], tuple[int, int]] = sys.modules["numpy"].byte_bounds
+        return bounds
+    return byte_bounds
 
 
 _ARG_SIZE = {ord(op.code): (0 if op.arg is None else op.arg.n) for op in pickletools.opcodes}
