@@ -184,6 +184,25 @@ def _set_state_and_grad(obj: Any, state: tuple[Any, Any]) -> None:
     obj.grad = grad
 
 
+def _optimizer(cls: Any, groups: list[dict[str, Any]], kwargs: dict[str, Any],
+               defaults: dict[str, Any], state: dict[str, Any]) -> Any:
+    """A torch optimizer rebuilt on the restored parameters, then given its saved state.
+
+    An optimizer is never pickled as an object: ``Optimizer.__getstate__`` keeps only
+    ``defaults``, ``state`` and ``param_groups``, so what a subclass sets in its constructor
+    (LBFGS's ``_params``) would be missing after a resume."""
+    import torch
+
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise pickle.UnpicklingError(f"{cls!r} is not a torch optimizer")
+    optimizer = cls(groups, **kwargs)
+    optimizer.load_state_dict(state)
+    # exactly the saved defaults (load_state_dict adds ``differentiable`` to them)
+    optimizer.defaults.clear()
+    optimizer.defaults.update(defaults)
+    return optimizer
+
+
 def _program_code_objects() -> frozenset[types.CodeType]:
     if _Context.program_codes is None:
         codes: set[types.CodeType] = set()
@@ -401,6 +420,8 @@ class _Pickler(cloudpickle.Pickler):
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor(obj)
+        if torch is not None and isinstance(obj, torch.optim.Optimizer):
+            return _reduce_optimizer(obj)
         reduced = super().reducer_override(obj)
         if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
                 and obj.__code__ not in _program_code_objects():
@@ -429,6 +450,35 @@ class _Pickler(cloudpickle.Pickler):
         reduced = obj.__reduce_ex__(self.proto)
         own = reduced[2] if len(reduced) > 2 else None
         return reduced[0], reduced[1], (own, obj.grad), None, None, _set_state_and_grad
+
+
+def _reduce_optimizer(optimizer: Any) -> Any:
+    """Save an optimizer as what rebuilds it: its class, its parameter groups (the parameters
+    themselves, so the rebuilt one holds the restored ones), the defaults its constructor takes
+    and its ``state_dict``. Refused at the save when the class cannot be called that way."""
+    import inspect
+
+    cls = type(optimizer)
+    groups = [dict(group) for group in optimizer.param_groups]
+    try:
+        signature = inspect.signature(cls)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        # Some defaults are the base class's (``differentiable`` for LBFGS), not the
+        # constructor's: only those it takes are passed; the groups' own values come back with
+        # the state_dict.
+        kwargs = {k: v for k, v in optimizer.defaults.items()
+                  if takes_any or k in signature.parameters}
+        signature.bind(groups, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise pickle.PicklingError(
+            f"it is an optimizer ({cls.__qualname__}) that cannot be rebuilt from its "
+            f"parameter groups and defaults ({exc}); create it at the program's top level, "
+            "where it is restored in place") from None
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+        raise pickle.PicklingError(
+            f"it is an optimizer ({cls.__qualname__}) with step hooks, which a resume cannot "
+            "re-register; create it at the program's top level, where it is restored in place")
+    return _optimizer, (cls, groups, kwargs, dict(optimizer.defaults), optimizer.state_dict())
 
 
 class Dumped:
