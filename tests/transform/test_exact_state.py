@@ -197,3 +197,52 @@ def test_an_optimizer_that_cannot_be_rebuilt_is_refused_at_the_save() -> None:
     hooked.register_step_post_hook(lambda *_: None)
     with pytest.raises(pickle.PicklingError, match="with step hooks"):
         _round_trip({"opt": hooked})
+
+
+# A module-level policy that main() trains: a resume rebuilds it and restores it in place. Its
+# plain attribute `losses` is state; `log_probs` holds autograd graphs while an episode runs.
+MODULE_ATTRIBUTES = """
+import torch
+from transform import _checkpoint
+
+torch.manual_seed(0)
+
+
+class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.losses = []
+        self.log_probs = []
+
+
+policy = Policy()
+
+
+def main(keep_graph):
+    for step in range(6):
+        _iterations: 6
+        out = policy.layer(torch.ones(2)).sum()
+        if keep_graph:
+            policy.log_probs.append(out)
+        policy.losses.append(round(out.item() + step, 4))
+        _checkpoint()
+    print(policy.losses)
+
+
+main(KEEP_GRAPH)
+"""
+
+
+@pytest.mark.parametrize("keep_graph", [False, True])
+def test_a_modules_plain_attributes_are_restored_or_the_save_refused(tmp_path,
+                                                                    keep_graph: bool) -> None:
+    source = MODULE_ATTRIBUTES.replace("KEEP_GRAPH", str(keep_graph))
+    original, program, env = prepare(tmp_path, source, "--all-hints")
+    if not keep_graph:
+        assert resume_after(program, env, "3") == original_output(original, env)
+        return
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert "original.py:26: cannot save" in done.stderr and "autograd graph" in done.stderr

@@ -1,8 +1,9 @@
 """Anchors restored in place: the objects the resumed program rebuilt take the saved state.
 
-``load_state_dict`` for modules (with their ``train()``/``eval()`` flags), optimizers and
-schedulers; element-wise for NumPy arrays and torch tensors (with ``.grad``); ``setstate`` for
-generators; ``__dict__`` for plain objects; lists, dicts and sets keep their identity.
+``load_state_dict`` for modules (with their ``train()``/``eval()`` flags, gradients and plain
+attributes), optimizers and schedulers; element-wise for NumPy arrays and torch tensors (with
+``.grad``); ``setstate`` for generators; ``__dict__`` for plain objects; lists, dicts and sets
+keep their identity.
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ def anchor_state(kind: str, obj: Any) -> Any:
     if kind == "module":
         # state_dict leaves out the gradients; between backward() and step() they are state.
         grads = [(name, p.grad) for name, p in obj.named_parameters() if p.grad is not None]
+        # ... and every plain attribute (lists a policy appends to each step, counters): saved
+        # with the rest, or the save is refused; never dropped.
+        attributes = [(name, _plain_attributes(m)) for name, m in obj.named_modules()]
         return (obj.state_dict(), [(name, m.training) for name, m in obj.named_modules()],
-                grads)
+                grads, attributes)
     if kind == "state_dict":
         return obj.state_dict()
     if kind == "random":
@@ -90,12 +94,17 @@ def apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
         raise CheckpointError(f"cannot resume: `{what}` is now a {type(current).__name__}, "
                               "not what was saved")
     if kind == "module":
-        weights, flags, grads = state
+        weights, flags, grads, attributes = state
         current.load_state_dict(weights)
         modes = dict(flags)
+        saved_attributes = dict(attributes)
         for name, m in current.named_modules():
             if name in modes:
                 m.training = modes[name]
+            if name in saved_attributes:
+                for key in _plain_attributes(m).keys() - saved_attributes[name].keys():
+                    del m.__dict__[key]  # set after the checkpoint by the rebuilt program
+                m.__dict__.update(saved_attributes[name])
         saved_grads = dict(grads)
         for name, p in current.named_parameters():
             _restore_grad(p, saved_grads.get(name))
@@ -127,6 +136,20 @@ def apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
     else:
         current.__dict__.clear()
         current.__dict__.update(state)
+
+
+_MODULE_INTERNALS: frozenset[str] | None = None
+
+
+def _plain_attributes(module: Any) -> dict[str, Any]:
+    """A module's attributes that ``state_dict`` does not cover: everything in its ``__dict__``
+    but torch's own bookkeeping (parameters, buffers, submodules and hooks live there)."""
+    global _MODULE_INTERNALS
+    if _MODULE_INTERNALS is None:
+        import torch
+
+        _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
+    return {k: v for k, v in module.__dict__.items() if k not in _MODULE_INTERNALS}
 
 
 def update_container(current: Any, saved: Any) -> bool:
