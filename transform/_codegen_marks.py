@@ -449,6 +449,7 @@ def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
         "maybe": sorted(maybe),
         "loops": marks.hint_loops[hint],
         "subjects": marks.hint_subjects[hint],
+        "detach": sorted(set(facts.detach) & save),
     }
 
 

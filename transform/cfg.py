@@ -66,6 +66,9 @@ class RegionCfg:
     """hint id -> node id."""
     declared_outer: frozenset[str] = frozenset()
     """Names the region declares ``global`` or ``nonlocal``."""
+    indirect_reads: frozenset[str] = frozenset()
+    """Names a call may read without naming them: what the module's functions read (or the
+    region's ``global``/``nonlocal`` names) and the free names of its closures."""
 
 
 # --------------------------------------------------------------------------- names
@@ -722,4 +725,5 @@ def build_cfg(region_node: ast.Module | ast.FunctionDef, statements: Sequence[as
                        if kinds <= {"import", "def"} and name not in declared_outer)
     return RegionCfg(graph=g.graph, nodes=g.nodes, entry=entry.id, exit=builder.exit.id,
                      params=frozenset(params), static=static, escaped=frozenset(g.escaped),
-                     hint_nodes=g.hint_nodes, declared_outer=frozenset(declared_outer))
+                     hint_nodes=g.hint_nodes, declared_outer=frozenset(declared_outer),
+                     indirect_reads=frozenset(g.call_reads).union(*g.closures.values()))

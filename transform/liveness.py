@@ -9,9 +9,11 @@ save there: the names live after the hint statement and possibly bound.
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from transform.cfg import RegionCfg
+from transform.cfg import CfgNode, RegionCfg
 
 __all__ = ["LiveFacts", "live_at_hints"]
 
@@ -27,10 +29,65 @@ class LiveFacts:
     """Sorted live names bound only by import/def/class statements: re-run, not pickled."""
     maybe_unbound: tuple[str, ...]
     """Sorted names in ``save`` that are unbound on some path to the hint (save if bound)."""
+    detach: tuple[str, ...] = ()
+    """Sorted names in ``save`` that every later read uses through ``.item()``, ``.tolist()``,
+    ``.detach()``, ``float()``, ``int()`` or ``bool()`` only: a tensor they hold is saved
+    detached from its autograd graph, which no later read needs."""
 
 
-def _fixpoint_live(cfg: RegionCfg) -> dict[int, frozenset[str]]:
+# Reads of a tensor that give the same result whether or not it is attached to a graph.
+_GRAPH_FREE_METHODS = frozenset({"item", "tolist", "detach"})
+_GRAPH_FREE_BUILTINS = frozenset({"float", "int", "bool"})
+
+
+def graph_free_reads(statement: ast.AST, names: set[str] | frozenset[str]) -> set[str]:
+    """The names of ``names`` that ``statement`` mentions, each time as a graph-free read
+    (``x.item()``, ``x.tolist()``, ``x.detach()``, ``float(x)``, ``int(x)``, ``bool(x)``).
+
+    The whole statement is searched (a loop's body too, for its header's node): more mentions
+    can only make a name not graph-free."""
+    parents: dict[int, ast.AST] = {}
+    for parent in ast.walk(statement):
+        for child in ast.iter_child_nodes(parent):
+            parents[id(child)] = parent
+    verdict: dict[str, bool] = {}
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and node.id in names:
+            free = isinstance(node.ctx, ast.Load) and _graph_free_read(node, parents)
+            verdict[node.id] = verdict.get(node.id, True) and free
+    return {name for name, free in verdict.items() if free}
+
+
+def _graph_free_read(name: ast.Name, parents: dict[int, ast.AST]) -> bool:
+    parent = parents.get(id(name))
+    if isinstance(parent, ast.Attribute) and parent.attr in _GRAPH_FREE_METHODS:
+        call = parents.get(id(parent))
+        return isinstance(call, ast.Call) and call.func is parent and not call.args \
+            and not call.keywords
+    return isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) \
+        and parent.func.id in _GRAPH_FREE_BUILTINS and len(parent.args) == 1 \
+        and parent.args[0] is name and not parent.keywords
+
+
+def _graph_reads(cfg: RegionCfg) -> Callable[[CfgNode], frozenset[str]]:
+    """A node's reads that may need an autograd graph: all its reads but the graph-free ones
+    (never a name a call or closure may read behind the statement's back)."""
+
+    def reads(node: CfgNode) -> frozenset[str]:
+        if node.node is None or not node.uses:
+            return frozenset(node.uses)
+        candidates = node.uses - cfg.indirect_reads
+        return frozenset(node.uses - graph_free_reads(node.node, candidates))
+
+    return reads
+
+
+def _fixpoint_live(cfg: RegionCfg, reads: Callable[[CfgNode], frozenset[str]] | None = None
+                   ) -> dict[int, frozenset[str]]:
+    """Live after each node; with ``reads``, live counting only the reads it gives."""
     graph = cfg.graph
+    gen = {n: frozenset(node.uses) if reads is None else reads(node)
+           for n, node in cfg.nodes.items()}
     live_in: dict[int, frozenset[str]] = {n: frozenset() for n in cfg.nodes}
     live_out: dict[int, frozenset[str]] = {n: frozenset() for n in cfg.nodes}
     work = list(cfg.nodes)
@@ -41,7 +98,7 @@ def _fixpoint_live(cfg: RegionCfg) -> dict[int, frozenset[str]]:
         node = cfg.nodes[n]
         out: frozenset[str] = frozenset().union(*(live_in[s] for s in graph.successors(n)))
         live_out[n] = out
-        new_in = frozenset(node.uses | (out - node.kills))
+        new_in = gen[n] | (out - node.kills)
         if new_in != live_in[n]:
             live_in[n] = new_in
             for p in graph.predecessors(n):
@@ -83,6 +140,7 @@ def _fixpoint_bound(cfg: RegionCfg) -> tuple[dict[int, frozenset[str]], dict[int
 def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
     """Live facts for every hint of the region, by hint id."""
     live_out = _fixpoint_live(cfg)
+    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg)) if cfg.hint_nodes else {}
     may, must = _fixpoint_bound(cfg)
     facts: dict[int, LiveFacts] = {}
     for hint, node in cfg.hint_nodes.items():
@@ -93,7 +151,9 @@ def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
         live.discard("*")
         rebind = {name for name in live if name in cfg.static}
         save = live - rebind
+        detach = save - graph_live_out[node] - cfg.escaped
         facts[hint] = LiveFacts(hint=hint, save=tuple(sorted(save)),
                                 rebind=tuple(sorted(rebind)),
-                                maybe_unbound=tuple(sorted(save - must[node])))
+                                maybe_unbound=tuple(sorted(save - must[node])),
+                                detach=tuple(sorted(detach)))
     return facts

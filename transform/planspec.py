@@ -126,17 +126,24 @@ class HintSpec:
     """Sites of the ``for`` loops around the hint, outermost first (their positions are saved)."""
     subjects: tuple[int, ...] = ()
     """Sites of the ``match`` statements around the hint (their subjects are saved)."""
+    detach: tuple[str, ...] = ()
+    """Names of ``save``/``maybe`` no later read needs the autograd graph of: a tensor among
+    them is saved detached (:attr:`transform.liveness.LiveFacts.detach`)."""
 
     def to_literal(self) -> dict[str, Any]:
-        return {"region": self.region, "line": self.line, "slot": self.slot,
-                "save": list(self.save), "maybe": list(self.maybe), "loops": list(self.loops),
-                "subjects": list(self.subjects)}
+        literal = {"region": self.region, "line": self.line, "slot": self.slot,
+                   "save": list(self.save), "maybe": list(self.maybe), "loops": list(self.loops),
+                   "subjects": list(self.subjects)}
+        if self.detach:  # only where there is one: every other program's plan reads as before
+            literal["detach"] = list(self.detach)
+        return literal
 
     @classmethod
     def from_literal(cls, data: Mapping[str, Any]) -> HintSpec:
         return cls(region=data["region"], line=int(data["line"]), slot=int(data["slot"]),
                    save=tuple(data["save"]), maybe=tuple(data.get("maybe", ())),
-                   loops=tuple(data.get("loops", ())), subjects=tuple(data.get("subjects", ())))
+                   loops=tuple(data.get("loops", ())), subjects=tuple(data.get("subjects", ())),
+                   detach=tuple(data.get("detach", ())))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -112,6 +112,7 @@ def explain_data(result: AnalysisSuccess) -> dict[str, Any]:
         "rebind": {str(h): list(f.rebind) for h, f in sorted(result.live.items())},
         "maybe_unbound": {str(h): list(f.maybe_unbound) for h, f in sorted(result.live.items())
                           if f.maybe_unbound},
+        "detached": {str(h): list(f.detach) for h, f in sorted(result.live.items()) if f.detach},
         "regions": [_region_json(s, result) for s in result.schedules],
         "warnings": [w.render() for w in result.warnings],
         "refusal": result.refusal.render() if result.refusal is not None else None,
@@ -175,6 +176,9 @@ def explain_text(result: AnalysisSuccess) -> str:
                 if f.count:
                     facts = result.live[h]
                     out.append(f"    saves: {', '.join(facts.save) or '(nothing)'}")
+                    if facts.detach:
+                        out.append(f"    saved detached from their autograd graph (no later "
+                                   f"read needs it): {', '.join(facts.detach)}")
                     if facts.rebind:
                         out.append(f"    re-binds: {', '.join(facts.rebind)}")
     return "\n".join(out)

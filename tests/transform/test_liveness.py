@@ -133,3 +133,47 @@ def scope_names_before(log: list[tuple[str, str]], k: int) -> set[str]:
         elif event == "del":
             bound.discard(name)
     return bound
+
+
+# ---------------------------------------------------------------- saved detached
+
+DETACH = """
+import torch
+from transform import _checkpoint
+
+def log():
+    print(GLOBAL_READ)
+
+loss = torch.ones(1)
+for step in range(4):
+    _iterations: 4
+    for micro in range(2):
+        _iterations: 2
+        loss = torch.ones(1, requires_grad=True) * 2
+        loss.backward()
+        _checkpoint()
+    LATER
+    _checkpoint()
+"""
+
+
+@pytest.mark.parametrize(("later", "global_read", "detached"), [
+    ("print(loss.item())", "1", True),  # nanoGPT: the loss logged after its micro-steps
+    ("x = float(loss) + int(loss) + bool(loss)", "1", True),
+    ("x = loss.detach().tolist()", "1", True),
+    ("loss.backward()", "1", False),  # needs the graph
+    ("x = loss * 2", "1", False),  # arithmetic outside no_grad keeps the graph
+    ("x = loss", "1", False),  # an alias could be back-propagated later
+    ("print(loss)", "1", False),  # the repr shows grad_fn
+    ("loss += 1", "1", False),  # the new value carries the old one's graph
+    ("f = lambda: loss.item()", "1", False),  # a closure reads it when it likes
+    ("log(); print(loss.item())", "loss", False),  # a function reads it behind the call
+])
+def test_a_tensor_only_read_without_its_graph_is_saved_detached(
+        later: str, global_read: str, detached: bool) -> None:
+    source = DETACH.replace("LATER", later).replace("GLOBAL_READ", global_read)
+    result = analyze(source, "detach.py")
+    assert isinstance(result, AnalysisSuccess), result
+    for facts in result.live.values():  # the micro-step hint and the outer one
+        assert "loss" in facts.save
+        assert ("loss" in facts.detach) is detached, (later, facts)

@@ -390,6 +390,9 @@ class Activation:
                 values[name] = holder[name]
                 if name in declared:
                     global_names.append(name)
+        for name in info.detach:
+            if name in values:
+                values[name] = _detached(values[name])
         if not self.is_module:
             # Module globals the function may read or change: the module rebuilds them before
             # the function runs again, so they are restored in place (or rebound) on resume.
@@ -466,6 +469,15 @@ def _token_kinds(anchors: Mapping[int, tuple[str, ...]], values: Mapping[str, An
             yield token, kind
         else:
             yield token, "sub"
+
+
+def _detached(value: Any) -> Any:
+    """A tensor that is part of an autograd graph, detached (the analysis found that no later
+    read of its variable needs the graph); any other value as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.grad_fn is not None:
+        return value.detach()
+    return value
 
 
 def _check_nesting(activation: Activation, frame: types.FrameType, line: int) -> None:
