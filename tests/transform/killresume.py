@@ -8,7 +8,8 @@ walk back, the work), not in interpreter start-up.
 ``ready`` to exit the yardstick. ``kill_and_resume`` runs the transformed program and SIGKILLs
 every attempt after a random fraction (below one) of that yardstick, so an attempt that starts
 from scratch never has the time to finish: a program whose progress does not survive restarts
-runs out of attempts (:class:`AttemptLimit`) — the harness can fail.
+runs out of attempts (:class:`AttemptLimit`) — the harness can fail. What a killed attempt
+printed before its kill is judged too (:func:`assert_printed_lines_agree`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def kill_and_resume(program: Path, reference: Reference, *, cwd: Path, env: dict
         out, killed, _ = run.finish(rng.uniform(*fractions) * reference.work)
         if killed:
             kills += 1
+            assert_printed_lines_agree(reference, out, f"attempt {attempt} (killed)")
             continue
         if run.proc.returncode != 0:
             raise AssertionError(f"attempt {attempt} exited {run.proc.returncode}:\n{run.stderr}")
@@ -99,11 +101,28 @@ def assert_same_result(reference: Reference, outcome: Outcome) -> None:
     assert outcome.stdout.splitlines()[-1] == reference.stdout.splitlines()[-1]
 
 
+def assert_printed_lines_agree(reference: Reference, printed: str, who: str) -> None:
+    """What a killed attempt printed before its kill (its whole lines: the last may be cut) is
+    a run of consecutive lines of the original's output: a resume that went wrong is caught even
+    when a kill ends it before the result line."""
+    lines = printed.split("\n")[:-1]
+    if not lines:
+        return
+    original = reference.stdout.split("\n")
+    n = len(lines)
+    if not any(original[i:i + n] == lines for i in range(len(original) - n + 1)):
+        raise AssertionError(f"{who} printed lines the original never printed in that order:\n"
+                             f"--- original\n{reference.stdout[-2000:]}\n--- {who}\n"
+                             f"{printed[-2000:]}")
+
+
 def inject(program: Path, kill_at: str, *, cwd: Path, env: dict[str, str],
            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """One attempt SIGKILLed by the runtime itself at a chosen save (``N`` or ``N:POINT``)."""
     return subprocess.run([sys.executable, str(program)], cwd=cwd,
-                          env={**env, "ECRL_TRANSFORM_KILL_AT": kill_at}, capture_output=True,
+                          env={**env, "ECRL_TRANSFORM_KILL_AT": kill_at,
+                               # what it prints before the kill reaches us, to be judged
+                               "PYTHONUNBUFFERED": "1"}, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import killresume as kr
 import pytest
 from genprograms import programs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sessionshare import made_once, session_dir
 
@@ -127,6 +127,7 @@ def test_fixture_resumes_from_injected_kills(prepared: dict[str, Prepared], name
     ckpt = tmp_path / "c"
     killed = kr.inject(p.program, kill_at, cwd=p.dir, env=p.env(ckpt))
     assert killed.returncode == -9, killed.stderr
+    kr.assert_printed_lines_agree(p.reference, killed.stdout, "the killed attempt")
     assert (ckpt / "resume.ckpt").exists()
     done = kr.finish(p.program, cwd=p.dir, env=p.env(ckpt))
     assert done.returncode == 0, done.stderr
@@ -140,6 +141,15 @@ def test_harness_fails_a_program_that_restarts_from_scratch(
     with pytest.raises(kr.AttemptLimit):
         kr.kill_and_resume(p.program, p.reference, cwd=p.dir, env=p.env(tmp_path / "c"),
                            rng=random.Random(1), max_attempts=4, from_scratch=True)
+
+
+def test_what_a_killed_attempt_printed_is_judged() -> None:
+    reference = kr.Reference(stdout="step 1\nstep 2\nstep 3\nresult 6\n", work=1.0)
+    kr.assert_printed_lines_agree(reference, "step 2\nstep 3\nres", "resumed at 2, cut")
+    kr.assert_printed_lines_agree(reference, "ste", "cut in its first line")
+    for wrong in ("step 2\nstep 2\n", "step 1\nstep 3\n", "step 4\n"):
+        with pytest.raises(AssertionError, match="never printed in that order"):
+            kr.assert_printed_lines_agree(reference, wrong, "a wrong resume")
 
 
 def test_only_rank_zero_writes(prepared: dict[str, Prepared], tmp_path: Path) -> None:
@@ -204,6 +214,9 @@ def test_generated_programs_resume_from_any_save(source: str, save: int, point: 
         reference = kr.run_original(original, cwd=root, env=env)
         killed = kr.inject(program, f"{save}:{point}", cwd=root, env=env)
         assert killed.returncode in (0, -9), killed.stderr
+        # A program with fewer saves ran to its end: a trial without a kill proves nothing.
+        assume(killed.returncode == -9)
+        kr.assert_printed_lines_agree(reference, killed.stdout, "the killed attempt")
         done = kr.finish(program, cwd=root, env=env)
         assert done.returncode == 0, done.stderr
         kr.assert_same_result(reference, kr.Outcome(stdout=done.stdout, attempts=2, kills=1))

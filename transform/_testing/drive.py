@@ -9,6 +9,10 @@ so a kill can land anywhere in the program itself — reading the resume state, 
 the work, the exit handlers (where a transformed program finishes its writes and removes its
 resume state).
 
+The program's stdout is line-buffered (a pipe would buffer it by blocks): whatever a killed
+attempt printed before the kill reaches the harness, which judges it against the original's
+output too.
+
 The driver ends the process the way the interpreter does — an uncaught exception goes to
 ``sys.excepthook`` and exits 1, ``SystemExit`` gives its status, then the ``atexit`` handlers run
 — and then leaves with ``os._exit``, skipping the interpreter's teardown of its modules: for torch
@@ -31,7 +35,7 @@ __all__ = ["DRIVER", "DrivenRun"]
 DRIVER = """
 import ast, runpy, sys
 src = sys.argv[1]
-tree = ast.parse(open(src).read())
+tree = ast.parse(open(src, "rb").read())
 imports = [s for s in tree.body if isinstance(s, ast.Import)
            or isinstance(s, ast.ImportFrom) and s.module != "__future__"]
 exec(compile(ast.Module(imports, []), src, "exec"), {})
@@ -40,6 +44,7 @@ if "torch" in sys.modules:
 sys.stderr.write("ready\\n")
 sys.stderr.flush()
 sys.argv = sys.argv[1:]
+sys.stdout.reconfigure(line_buffering=True)
 import atexit, os
 try:
     runpy.run_path(src, run_name="__main__")
