@@ -4,12 +4,16 @@ one test-only fault in the restore path (``ECRL_TEST_RESTORE_FAULT``,
 ecrl/runtime/checkpoint/digests.py), and the same runs untouched (blocking, overlapped, elastic 2 →
 1 → 2), which must PASS.
 
-The runs are made concurrently, once per session (RunCache), and shared by every assert.
+The runs are made concurrently, once per session (RunCache), and shared by every assert. The
+faulted runs and their control differ only after the failure: their first attempt is made once
+(``--max-restarts 0`` stops the run there), and each continues its own copy with ``ecrl run --out
+R``, the fault (or none) in the environment of the resume.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Run, RunCache
+from conftest import Run, RunCache, ecrl, shared
 
 from ecrl.runtime.checkpoint.digests import RESTORE_FAULT_ENV, RESTORED_FILE
 
@@ -31,6 +35,7 @@ FAULTED = [*SMALL, "--world-sizes", "1", "--strategy", "blocking", "--fail-at", 
 
 UNTOUCHED: dict[str, list[str]] = {
     # the faulted runs' own settings, without a fault: the fault, not the settings, fails them
+    # (continued from the faulted runs' shared first attempt, like them)
     "restore-control": FAULTED,
     # one checkpoint in flight at most: step 5's snapshot waits until step 2's is durable, so
     # the failure after step 7 always resumes from a checkpoint (from 2 or 5). With two in
@@ -47,14 +52,32 @@ RESUMES = {"restore-control": 1, "restore-overlapped": 1, "restore-elastic": 2}
 FAULTS = ("drop_optimizer", "skip_scheduler", "skip_rng", "previous_checkpoint")
 
 
+def _continued(runs: RunCache, first: Run, name: str, env: dict[str, str] | None) -> Run:
+    """A copy of the stopped run ``first``, continued with ``env`` (made once per session)."""
+
+    def make(directory: Path) -> Run:
+        shutil.copytree(first.root, directory, ignore=shutil.ignore_patterns(".supervisor.lock"))
+        proc = ecrl("run", "--out", str(directory), env=env)
+        return Run(root=directory, returncode=proc.returncode, stdout=proc.stdout,
+                   stderr=proc.stderr)
+
+    return shared(runs, name, make)
+
+
 @pytest.fixture(scope="module")
 def restore_runs(runs: RunCache) -> dict[str, Run]:
-    jobs: dict[str, tuple[list[str], dict[str, str] | None]] = {
-        name: (args, None) for name, args in UNTOUCHED.items()}
-    jobs.update({f"restore-{fault}": (FAULTED, {RESTORE_FAULT_ENV: fault}) for fault in FAULTS})
+    def faulted(name: str, env: dict[str, str] | None) -> Run:
+        first = runs.get("restore-first-attempt", [*FAULTED, "--max-restarts", "0"])
+        assert first.returncode == 1 and "restart limit reached" in first.stderr, first.stderr
+        return _continued(runs, first, name, env)
+
+    jobs = {name: (runs.get, name, args) for name, args in UNTOUCHED.items()
+            if name != "restore-control"}
+    jobs["restore-control"] = (faulted, "restore-control", None)
+    jobs.update({f"restore-{fault}": (faulted, f"restore-{fault}", {RESTORE_FAULT_ENV: fault})
+                 for fault in FAULTS})
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        futures = {name: pool.submit(runs.get, name, args, env=env)
-                   for name, (args, env) in jobs.items()}
+        futures = {name: pool.submit(*job) for name, job in jobs.items()}
         made = {name: future.result() for name, future in futures.items()}
     for name, run in made.items():
         # A wrong resume exits 0 like a right one: only the verifier can tell them apart.
