@@ -246,3 +246,110 @@ def test_a_modules_plain_attributes_are_restored_or_the_save_refused(tmp_path,
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
     assert "original.py:26: cannot save" in done.stderr and "autograd graph" in done.stderr
+
+
+# micrograd's shape: an autograd engine the program imports, whose nodes hold closures made in
+# the engine's own module (each operation's `_backward`, a leaf's `lambda: None`).
+ENGINE = """
+import math
+
+
+class Value:
+    def __init__(self, data, children=()):
+        self.data = data
+        self.grad = 0.0
+        self._backward = lambda: None
+        self._prev = set(children)
+
+    def __add__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+        out = Value(self.data + other.data, (self, other))
+
+        def _backward():
+            self.grad += out.grad
+            other.grad += out.grad
+        out._backward = _backward
+        return out
+
+    def __mul__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+        out = Value(self.data * other.data, (self, other))
+
+        def _backward():
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+        out._backward = _backward
+        return out
+
+    def tanh(self):
+        t = math.tanh(self.data)
+        out = Value(t, (self,))
+
+        def _backward():
+            self.grad += (1 - t * t) * out.grad
+        out._backward = _backward
+        return out
+
+    def backward(self):
+        order, seen = [], set()
+
+        def build(v):
+            if v not in seen:
+                seen.add(v)
+                for child in v._prev:
+                    build(child)
+                order.append(v)
+        build(self)
+        self.grad = 1.0
+        for v in reversed(order):
+            v._backward()
+"""
+
+USES_ENGINE = """
+from engine import Value
+from transform import _checkpoint
+
+w, b = Value(0.3), Value(-0.1)
+points = [(-1.0, -0.5), (0.0, 0.1), (1.0, 0.6), (2.0, 0.9)]
+last = None
+for step in range(8):
+    _iterations: 8
+    loss = Value(0.0)
+    for x, y in points:
+        d = (w * x + b).tanh() + (-y)
+        loss = loss + d * d
+    w.grad = b.grad = 0.0
+    loss.backward()
+    w.data -= 0.1 * w.grad
+    b.data -= 0.1 * b.grad
+    last = loss  # a graph of the engine's closures, live at the checkpoint
+    _checkpoint()
+print(round(w.data, 12), round(b.data, 12), round(last.data, 12), len(last._prev))
+"""
+
+
+def test_closures_made_in_an_imported_library_are_saved_and_resume_exactly(tmp_path) -> None:
+    (tmp_path / "engine.py").write_text(ENGINE)
+    original, program, env = prepare(tmp_path, USES_ENGINE, "--all-hints")
+    assert resume_after(program, env, "4") == original_output(original, env)
+
+
+def _code_args(code: object) -> list[object]:
+    """``types.CodeType``'s positional arguments (Python 3.11) for ``code``."""
+    return [getattr(code, "co_" + name) for name in (
+        "argcount", "posonlyargcount", "kwonlyargcount", "nlocals", "stacksize", "flags", "code",
+        "consts", "names", "varnames", "filename", "name", "qualname", "firstlineno",
+        "linetable", "exceptiontable", "freevars", "cellvars")]
+
+
+def test_a_state_cannot_bring_code_that_no_imported_module_has() -> None:
+    import types
+
+    from transform.runtime._pickling import _checked_code
+
+    # killresume is imported and not rewritten by pytest: its compiled source is its code
+    code = kr.assert_same_result.__code__
+    assert isinstance(_checked_code(*_code_args(code)), types.CodeType)
+    forged = code.replace(co_consts=(*code.co_consts, "a constant of its own"))
+    with pytest.raises(pickle.UnpicklingError, match="not part of the program or of a module"):
+        _checked_code(*_code_args(forged))  # same file, same name: other code

@@ -9,8 +9,10 @@ Python's pickle protocol:
 * **Functions and classes** the program defines at its top level are written by name and come
   back as the program's own re-created definitions; closures and lambdas are written by value
   with ``cloudpickle``, their globals bound to the running program's namespace. Their code must
-  be the program's own: on load every code object is checked against the program's compiled
-  code, so a resume state cannot bring code of its own.
+  be the program's own, or that of the imported module they were made in (a library's closures,
+  such as micrograd's ``Value._backward``, bound to that module's namespace): on load every code
+  object is checked against the compiled source of the program or of an imported module, so a
+  resume state cannot bring code of its own.
 * **torch tensors** go through their own reduction, with ``.grad`` added (a checkpoint between
   ``backward()`` and ``step()`` holds accumulated gradients); their storages, large NumPy arrays
   and large strings are *blobs*: raw bytes kept apart, named by their SHA-256 (see
@@ -160,6 +162,21 @@ class _ProgramGlobals:
 _PROGRAM_GLOBALS = _ProgramGlobals()
 
 
+class _ModuleGlobals:
+    """Stands for an imported module's namespace in a closure of that module saved by value
+    (micrograd's ``Value._backward``): on resume, the module the program imported again."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _module_globals, (self.name,)
+
+
+def _module_globals(name: str) -> dict[str, Any]:
+    return vars(_module(name))
+
+
 def _set_program_function_state(func: Any, state: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """cloudpickle's function state, except that the program's globals are never overwritten
     with the values the function saw at save time (the resumed program has its own)."""
@@ -203,29 +220,59 @@ def _optimizer(cls: Any, groups: list[dict[str, Any]], kwargs: dict[str, Any],
     return optimizer
 
 
+def _code_objects_of(path: str) -> frozenset[types.CodeType]:
+    """Every code object of the Python file ``path`` (compiled from its bytes: its own
+    encoding), nested ones included; empty when it cannot be read or compiled."""
+    codes: set[types.CodeType] = set()
+    try:
+        with open(path, "rb") as f:
+            top = compile(f.read(), path, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    stack = [top]
+    while stack:
+        code = stack.pop()
+        codes.add(code)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return frozenset(codes)
+
+
 def _program_code_objects() -> frozenset[types.CodeType]:
     if _Context.program_codes is None:
-        codes: set[types.CodeType] = set()
-        try:
-            with open(_Context.program_file, "rb") as f:  # bytes: compile honours the coding
-                top = compile(f.read(), _Context.program_file, "exec", dont_inherit=True)
-        except (OSError, SyntaxError):
-            top = None
-        stack = [top] if top is not None else []
-        while stack:
-            code = stack.pop()
-            codes.add(code)
-            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        _Context.program_codes = frozenset(codes)
+        _Context.program_codes = _code_objects_of(_Context.program_file)
     return _Context.program_codes
 
 
+_MODULE_CODES: dict[str, frozenset[types.CodeType]] = {}
+
+
+def _module_code_objects(name: str) -> frozenset[types.CodeType]:
+    """The code of the imported module ``name``, from its source file (none for a module a
+    resume state may not hold, or one without a ``.py`` file)."""
+    if name not in _MODULE_CODES:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        _MODULE_CODES[name] = _code_objects_of(path) if isinstance(path, str) \
+            and path.endswith(".py") and not denied(name, "") else frozenset()
+    return _MODULE_CODES[name]
+
+
+def _library_module_of(code: types.CodeType) -> str | None:
+    """The imported module whose source contains ``code`` (found by its file name)."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == code.co_filename \
+                and code in _module_code_objects(name):
+            return name
+    return None
+
+
 def _checked_code(*args: Any) -> types.CodeType:
-    """A code object from a resume state: only one the program itself contains."""
+    """A code object from a resume state: only one the program itself contains, or one of a
+    module it has imported (a library's closure): a resume state brings no code of its own."""
     code = types.CodeType(*args)
-    if code not in _program_code_objects():
+    if code not in _program_code_objects() and _library_module_of(code) is None:
         raise pickle.UnpicklingError(f"it holds code ({code.co_name}) that is not part of "
-                                     "the program")
+                                     "the program or of a module it imported")
     return code
 
 
@@ -423,18 +470,26 @@ class _Pickler(cloudpickle.Pickler):
         if torch is not None and isinstance(obj, torch.optim.Optimizer):
             return _reduce_optimizer(obj)
         reduced = super().reducer_override(obj)
-        if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
-                and obj.__code__ not in _program_code_objects():
-            raise pickle.PicklingError(
-                f"it is a function made outside the program ({obj.__qualname__} of "
-                f"{obj.__module__}), which is saved by value only when its code is the "
-                "program's own")
-        if isinstance(obj, types.FunctionType) and reduced is not NotImplemented \
-                and namespace is not None and obj.__globals__ is namespace:
-            func, (code, _, *rest), state, *_ = reduced
-            return func, (code, _PROGRAM_GLOBALS, *rest), state, None, None, \
+        if not isinstance(obj, types.FunctionType) or reduced is NotImplemented:
+            return reduced
+        # A function saved by value: its code must be the program's own or that of the module
+        # it was made in (checked again on load), its globals that namespace.
+        func, (code, _, *rest), state, *_ = reduced
+        if obj.__code__ in _program_code_objects():
+            if namespace is not None and obj.__globals__ is namespace:
+                return func, (code, _PROGRAM_GLOBALS, *rest), state, None, None, \
+                    _set_program_function_state
+            return reduced
+        module = getattr(obj, "__module__", None)
+        if isinstance(module, str) and sys.modules.get(module) is not None \
+                and obj.__globals__ is vars(sys.modules[module]) \
+                and obj.__code__ in _module_code_objects(module):
+            return func, (code, _ModuleGlobals(module), *rest), state, None, None, \
                 _set_program_function_state
-        return reduced
+        raise pickle.PicklingError(
+            f"it is a function made outside the program ({obj.__qualname__} of "
+            f"{obj.__module__}), whose code is neither the program's own nor in the source of "
+            "an imported module")
 
     def _tensor(self, obj: Any) -> Any:
         if obj.grad_fn is not None:
