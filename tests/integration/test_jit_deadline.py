@@ -58,7 +58,10 @@ def _deadlines(tmp_path: Path, draws: int, seed: int) -> None:
     run's first). A draw whose first step had not even completed 0.5 s before its deadline (a slower
     start-up) says nothing about the rule and is not counted; the run still stops there."""
     rng = random.Random(seed)
-    args = _args(800 * draws + 400)
+    # Steps enough that no launch completes the run before its deadline: a launch that starts
+    # faster than the expected start-up trains that much longer (seen on a loaded machine: a
+    # slow first start-up put the deadlines late, and three stops used up 800 steps a draw).
+    args = _args(1200 * draws + 400)
     # The uninterrupted twin first: its start-up is the first measure of the expected one.
     reference = tmp_path / "reference"
     launched = time.time()
@@ -76,7 +79,9 @@ def _deadlines(tmp_path: Path, draws: int, seed: int) -> None:
         launched = time.time()
         deadline = launched + statistics.median(startups) + rng.uniform(0.5, 2.5)
         proc = ecrl("run", "--out", str(root), *args, "--deadline", f"@{deadline:.3f}")
-        assert proc.returncode == DEADLINE_EXIT_CODE, proc.stdout + proc.stderr
+        assert proc.returncode == DEADLINE_EXIT_CODE, (
+            f"start-ups so far {startups}, deadline {deadline - launched:.2f} s after the "
+            f"launch, {stops} stops counted\n{proc.stdout}{proc.stderr}")
         state = read_json_record(paths.supervisor, SupervisorState)
         last = state.attempts[-1]
         assert state.status == "deadline" and last.status == "deadline"

@@ -55,13 +55,13 @@ FAULTS = ("drop_optimizer", "skip_scheduler", "skip_rng", "previous_checkpoint")
 def _continued(runs: RunCache, first: Run, name: str, env: dict[str, str] | None) -> Run:
     """A copy of the stopped run ``first``, continued with ``env`` (made once per session)."""
 
-    def make(directory: Path) -> Run:
+    def make(directory: Path) -> tuple[int, str, str]:  # plain data: pickled for other workers
         shutil.copytree(first.root, directory, ignore=shutil.ignore_patterns(".supervisor.lock"))
         proc = ecrl("run", "--out", str(directory), env=env)
-        return Run(root=directory, returncode=proc.returncode, stdout=proc.stdout,
-                   stderr=proc.stderr)
+        return proc.returncode, proc.stdout, proc.stderr
 
-    return shared(runs, name, make)
+    returncode, stdout, stderr = shared(runs, name, make)
+    return Run(root=runs.root / name, returncode=returncode, stdout=stdout, stderr=stderr)
 
 
 @pytest.fixture(scope="module")
