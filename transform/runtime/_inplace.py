@@ -143,7 +143,13 @@ _MODULE_INTERNALS: frozenset[str] | None = None
 
 def _plain_attributes(module: Any) -> dict[str, Any]:
     """A module's attributes that ``state_dict`` does not cover: everything in its ``__dict__``
-    but torch's own bookkeeping (parameters, buffers, submodules and hooks live there)."""
+    but torch's own bookkeeping (parameters, buffers, submodules and hooks live there).
+
+    None for torch's own module classes: their plain attributes are their constructor's
+    settings, which the rebuilt program sets again, and some hold process resources that
+    cannot be saved (``DistributedDataParallel``'s process group and reducer)."""
+    if type(module).__module__.split(".")[0] == "torch":
+        return {}
     global _MODULE_INTERNALS
     if _MODULE_INTERNALS is None:
         import torch
