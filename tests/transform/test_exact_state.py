@@ -249,61 +249,20 @@ def test_a_modules_plain_attributes_are_restored_or_the_save_refused(tmp_path,
 
 
 # micrograd's shape: an autograd engine the program imports, whose nodes hold closures made in
-# the engine's own module (each operation's `_backward`, a leaf's `lambda: None`).
-ENGINE = """
-import math
+# the engine's own module (each operation's `_backward`, a leaf's `lambda: None`). The engine is
+# the `Value` class of the micrograd-lambdas fixture, moved into a module of its own.
+def _engine_module() -> str:
+    import ast
+    from pathlib import Path
 
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "programs" / "micrograd-lambdas"
+    source = (fixture / "input.py").read_text()
+    value = next(node for node in ast.parse(source).body
+                 if isinstance(node, ast.ClassDef) and node.name == "Value")
+    segment = ast.get_source_segment(source, value)
+    assert segment is not None
+    return "import math\n\n\n" + segment + "\n"
 
-class Value:
-    def __init__(self, data, children=()):
-        self.data = data
-        self.grad = 0.0
-        self._backward = lambda: None
-        self._prev = set(children)
-
-    def __add__(self, other):
-        other = other if isinstance(other, Value) else Value(other)
-        out = Value(self.data + other.data, (self, other))
-
-        def _backward():
-            self.grad += out.grad
-            other.grad += out.grad
-        out._backward = _backward
-        return out
-
-    def __mul__(self, other):
-        other = other if isinstance(other, Value) else Value(other)
-        out = Value(self.data * other.data, (self, other))
-
-        def _backward():
-            self.grad += other.data * out.grad
-            other.grad += self.data * out.grad
-        out._backward = _backward
-        return out
-
-    def tanh(self):
-        t = math.tanh(self.data)
-        out = Value(t, (self,))
-
-        def _backward():
-            self.grad += (1 - t * t) * out.grad
-        out._backward = _backward
-        return out
-
-    def backward(self):
-        order, seen = [], set()
-
-        def build(v):
-            if v not in seen:
-                seen.add(v)
-                for child in v._prev:
-                    build(child)
-                order.append(v)
-        build(self)
-        self.grad = 1.0
-        for v in reversed(order):
-            v._backward()
-"""
 
 USES_ENGINE = """
 from engine import Value
@@ -329,7 +288,7 @@ print(round(w.data, 12), round(b.data, 12), round(last.data, 12), len(last._prev
 
 
 def test_closures_made_in_an_imported_library_are_saved_and_resume_exactly(tmp_path) -> None:
-    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "engine.py").write_text(_engine_module())
     original, program, env = prepare(tmp_path, USES_ENGINE, "--all-hints")
     assert resume_after(program, env, "4") == original_output(original, env)
 
