@@ -69,14 +69,15 @@ def _graph_free_read(name: ast.Name, parents: dict[int, ast.AST]) -> bool:
         and parent.args[0] is name and not parent.keywords
 
 
-def _graph_reads(cfg: RegionCfg) -> Callable[[CfgNode], frozenset[str]]:
-    """A node's reads that may need an autograd graph: all its reads but the graph-free ones
-    (never a name a call or closure may read behind the statement's back)."""
+def _graph_reads(cfg: RegionCfg, saved: frozenset[str]) -> Callable[[CfgNode], frozenset[str]]:
+    """A node's reads that may need an autograd graph: all its reads but the graph-free ones of
+    names some hint saves (never a name a call or closure may read behind the statement's
+    back). Only statements reading a saved name are searched."""
 
     def reads(node: CfgNode) -> frozenset[str]:
-        if node.node is None or not node.uses:
+        candidates = (node.uses & saved) - cfg.indirect_reads
+        if node.node is None or not candidates:
             return frozenset(node.uses)
-        candidates = node.uses - cfg.indirect_reads
         return frozenset(node.uses - graph_free_reads(node.node, candidates))
 
     return reads
@@ -140,7 +141,8 @@ def _fixpoint_bound(cfg: RegionCfg) -> tuple[dict[int, frozenset[str]], dict[int
 def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
     """Live facts for every hint of the region, by hint id."""
     live_out = _fixpoint_live(cfg)
-    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg)) if cfg.hint_nodes else {}
+    saved = frozenset().union(*(live_out[n] for n in cfg.hint_nodes.values()))
+    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg, saved)) if saved else {}
     may, must = _fixpoint_bound(cfg)
     facts: dict[int, LiveFacts] = {}
     for hint, node in cfg.hint_nodes.items():
@@ -151,7 +153,7 @@ def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
         live.discard("*")
         rebind = {name for name in live if name in cfg.static}
         save = live - rebind
-        detach = save - graph_live_out[node] - cfg.escaped
+        detach = save - graph_live_out.get(node, frozenset()) - cfg.escaped
         facts[hint] = LiveFacts(hint=hint, save=tuple(sorted(save)),
                                 rebind=tuple(sorted(rebind)),
                                 maybe_unbound=tuple(sorted(save - must[node])),

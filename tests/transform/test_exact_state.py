@@ -151,6 +151,18 @@ def _round_trip(payload: object) -> object:
     return loads(dumped.data, {}, dumped.globals, dumped.blobs.__getitem__)
 
 
+def test_a_module_state_saved_without_attributes_is_refused() -> None:
+    import torch
+
+    from transform.runtime._exit import CheckpointError
+    from transform.runtime._inplace import anchor_state, apply_anchor
+
+    model = torch.nn.Linear(2, 1)
+    weights, flags, grads, _ = anchor_state("module", model)
+    with pytest.raises(CheckpointError, match="lacks its attributes"):
+        apply_anchor("module", model, (weights, flags, grads), "model")
+
+
 def test_an_optimizer_is_rebuilt_on_the_restored_parameters_with_its_whole_state() -> None:
     import torch
 
@@ -193,6 +205,13 @@ def test_an_optimizer_that_cannot_be_rebuilt_is_refused_at_the_save() -> None:
     with pytest.raises(pickle.PicklingError,
                        match=r"optimizer \(.*Scaled\) that cannot be rebuilt"):
         _round_trip({"opt": Scaled(model.parameters(), 2.0)})
+    class Tempered(torch.optim.SGD):  # an attribute its constructor sets, not in its state
+        def __init__(self, params: object, lr: float = 0.1, temperature: float = 1.0) -> None:
+            super().__init__(params, lr=lr)
+            self.temperature = temperature
+
+    with pytest.raises(pickle.PicklingError, match=r"attributes of its own \(temperature\)"):
+        _round_trip({"opt": Tempered(model.parameters(), temperature=0.5)})
     hooked = torch.optim.SGD(model.parameters(), lr=0.1)
     hooked.register_step_post_hook(lambda *_: None)
     with pytest.raises(pickle.PicklingError, match="with step hooks"):

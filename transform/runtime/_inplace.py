@@ -94,6 +94,10 @@ def apply_anchor(kind: str, current: Any, state: Any, what: str) -> None:
         raise CheckpointError(f"cannot resume: `{what}` is now a {type(current).__name__}, "
                               "not what was saved")
     if kind == "module":
+        if len(state) != 4:  # written before plain attributes were saved: it holds none
+            raise CheckpointError(f"cannot resume: the saved state of `{what}` lacks its "
+                                  "attributes (an older ecrl-transform wrote it); remove the "
+                                  "resume state to start over")
         weights, flags, grads, attributes = state
         current.load_state_dict(weights)
         modes = dict(flags)
@@ -145,7 +149,7 @@ def _plain_attributes(module: Any) -> dict[str, Any]:
     """A module's attributes that ``state_dict`` does not cover: everything in its ``__dict__``
     but torch's own bookkeeping (parameters, buffers, submodules and hooks live there).
 
-    None for torch's own module classes: their plain attributes are their constructor's
+    Nothing for torch's own module classes: their plain attributes are their constructor's
     settings, which the rebuilt program sets again, and some hold process resources that
     cannot be saved (``DistributedDataParallel``'s process group and reducer)."""
     if type(module).__module__.split(".")[0] == "torch":

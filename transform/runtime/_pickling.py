@@ -507,6 +507,21 @@ class _Pickler(cloudpickle.Pickler):
         return reduced[0], reduced[1], (own, obj.grad), None, None, _set_state_and_grad
 
 
+_OPTIMIZER_INTERNALS: frozenset[str] | None = None
+
+
+def _optimizer_internals() -> frozenset[str]:
+    """What torch's ``Optimizer`` keeps in every instance's ``__dict__`` (its state, groups and
+    hooks), and what an LR scheduler adds (its wrapper of ``step``)."""
+    global _OPTIMIZER_INTERNALS
+    if _OPTIMIZER_INTERNALS is None:
+        import torch
+
+        probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        _OPTIMIZER_INTERNALS = frozenset(vars(probe)) | {"step", "_opt_called"}
+    return _OPTIMIZER_INTERNALS
+
+
 def _reduce_optimizer(optimizer: Any) -> Any:
     """Save an optimizer as what rebuilds it: its class, its parameter groups (the parameters
     themselves, so the rebuilt one holds the restored ones), the defaults its constructor takes
@@ -529,6 +544,14 @@ def _reduce_optimizer(optimizer: Any) -> Any:
             f"it is an optimizer ({cls.__qualname__}) that cannot be rebuilt from its "
             f"parameter groups and defaults ({exc}); create it at the program's top level, "
             "where it is restored in place") from None
+    own = set(vars(optimizer)) - _optimizer_internals()
+    if cls.__module__.split(".")[0] != "torch" and own:
+        # A subclass's constructor set these: rebuilt, they would take the constructor's
+        # defaults, not the values the program gave — a silent difference.
+        raise pickle.PicklingError(
+            f"it is an optimizer ({cls.__qualname__}) with attributes of its own "
+            f"({', '.join(sorted(own))}) that its state_dict does not hold; create it at the "
+            "program's top level, where it is restored in place")
     if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
         raise pickle.PicklingError(
             f"it is an optimizer ({cls.__qualname__}) with step hooks, which a resume cannot "
