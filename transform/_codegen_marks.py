@@ -131,20 +131,12 @@ def _is_range_call(expr: ast.expr) -> bool:
         and expr.func.id == "range"
 
 
-_UNSAVEABLE_CALLS = {"open": "an open file", "iter": "an iterator",
-                     "enumerate": "an iterator", "zip": "an iterator", "map": "an iterator",
-                     "filter": "an iterator"}
-
-
 def _unsaveable_kind(stmt: ast.stmt) -> str | None:
-    """What an assignment binds when it is obviously something no checkpoint can hold."""
+    """What an assignment binds when it is obviously something no checkpoint can hold: a
+    generator (its frame cannot be saved). Open files and iterators are saved as what re-opens
+    or re-creates them (transform/runtime/_resources.py), or refused at the first save."""
     value = stmt.value if isinstance(stmt, ast.Assign) else None
-    if isinstance(value, ast.GeneratorExp):
-        return "a generator"
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-        return _UNSAVEABLE_CALLS.get(value.func.id)
-    return None
-
+    return "a generator" if isinstance(value, ast.GeneratorExp) else None
 
 
 # --------------------------------------------------------------------------- marks

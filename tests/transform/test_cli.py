@@ -123,9 +123,10 @@ def test_check_refuses_other_modes(tmp_path: Path) -> None:
 
 
 CODEGEN_BAD = {
-    "unsaveable": ("from transform import _checkpoint\ndef f(path):\n    log = open(path)\n"
-                   "    for i in range(3):\n        _checkpoint()\n        log.read()\n",
-                   "`log` holds an open file", 3),
+    "unsaveable": ("from transform import _checkpoint\ndef f(path):\n"
+                   "    lines = (s for s in open(path))\n"
+                   "    for i in range(3):\n        _checkpoint()\n        next(lines)\n",
+                   "`lines` holds a generator", 3),
     "two-levels": ("from transform import _checkpoint\ndef f():\n    for i in range(3):\n"
                    "        _checkpoint()\nfor j in range(3):\n    f()\n    _checkpoint()\n",
                    "both at the module's top level and in f()", 4),

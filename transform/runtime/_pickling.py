@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from transform.runtime._exit import CheckpointError
+from transform.runtime._resources import reduce_resource
 
 __all__ = ["BlobMemo", "Dumped", "dumps", "loads", "describe", "BLOB_MIN_BYTES"]
 
@@ -469,6 +470,9 @@ class _Pickler(cloudpickle.Pickler):
             return self._tensor(obj)
         if torch is not None and isinstance(obj, torch.optim.Optimizer):
             return _reduce_optimizer(obj)
+        resource = reduce_resource(obj)
+        if resource is not NotImplemented:
+            return resource
         reduced = super().reducer_override(obj)
         if not isinstance(obj, types.FunctionType) or reduced is NotImplemented:
             return reduced

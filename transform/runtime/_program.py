@@ -20,6 +20,7 @@ from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
 from transform.runtime._observe import Saved, notify
 from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
+from transform.runtime._resources import install as install_resources
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
 from transform.runtime._writer import SYNC_ENV, Job, StateWriter
@@ -65,6 +66,8 @@ class Program:
         self.entries: dict[str, int] = {}
         # Functions and classes are found in, and closures bound to, the program's namespace.
         set_program(sys._getframe(1).f_globals, file)
+        # Before the program's imports: data-loader iterators it creates are re-creatable.
+        install_resources()
         self.dedup = os.environ.get(DEDUP_ENV, "1") != "0"
         self.blob_memo = BlobMemo() if self.dedup else None
         if self.rank == 0:

@@ -1,0 +1,237 @@
+"""Live resources in a resume state: data-loader iterators, SummaryWriters and open files come
+back at their position (issue 30, item 3), in one process: the state is saved, the original goes
+on (what an uninterrupted run does), and the state loaded again must go on the same way."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
+
+from transform.runtime._exit import CheckpointError
+from transform.runtime._pickling import dumps, loads
+from transform.runtime._resources import install
+from transform.runtime._rng import rng_state, set_rng_state
+
+install()
+
+
+def _save(payload: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """The state now, and what loads it back (with the random state of the save, as a resume
+    sets it)."""
+    dumped = dumps(payload, {})
+    saved_rng = rng_state()
+
+    def load() -> dict[str, Any]:
+        back = loads(dumped.data, {}, dumped.globals, dumped.blobs.__getitem__)
+        set_rng_state(saved_rng)
+        return back
+
+    return load
+
+
+class _Augmented(Dataset[Any]):
+    """Each item draws from the random state of the process that loads it (a worker's own)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor(float(i)) + torch.rand(())
+
+
+class _Stream(IterableDataset[Any]):
+    def __iter__(self) -> Any:
+        return iter(torch.arange(30.0) * 3)
+
+
+_DATA = TensorDataset(torch.arange(100.0))
+
+
+def _own_generator() -> DataLoader[Any]:
+    generator = torch.Generator()
+    generator.manual_seed(5)
+    return DataLoader(_DATA, batch_size=7, shuffle=True, generator=generator)
+
+
+LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
+    "shuffled": lambda: DataLoader(_DATA, batch_size=7, shuffle=True),
+    "infinite-with-replacement": lambda: DataLoader(
+        _DATA, batch_size=7, sampler=RandomSampler(_DATA, replacement=True,
+                                                   num_samples=10**10)),
+    "own-generator": _own_generator,
+    "workers-drawing-random-numbers": lambda: DataLoader(_Augmented(), batch_size=4,
+                                                         shuffle=True, num_workers=2),
+    "iterable-dataset": lambda: DataLoader(_Stream(), batch_size=4),
+}
+
+
+def _batches(iterator: Any, count: int) -> list[Any]:
+    out = []
+    for _, batch in zip(range(count), iterator, strict=False):
+        out.append(batch[0] if isinstance(batch, list | tuple) else batch)
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(LOADERS))
+@pytest.mark.parametrize("taken", [0, 3])
+def test_a_data_loader_iterator_resumes_at_its_batch_in_its_order(kind: str,
+                                                                   taken: int) -> None:
+    torch.manual_seed(0)
+    loader = LOADERS[kind]()
+    torch.randn(3)
+    iterator = iter(loader)
+    # The program draws between creating the iterator and its first batch (the sampler's
+    # seed is drawn then), and after: the re-created iterator must not depend on either.
+    torch.randn(5)
+    _batches(iterator, taken)
+    torch.randn(2)
+    load = _save({"iterator": iterator, "loader": loader})
+    expected = _batches(iterator, 5)
+    after_expected = torch.randn(4)
+    back = load()
+    assert back["iterator"]._num_yielded == taken
+    got = _batches(back["iterator"], 5)
+    assert len(got) == len(expected) == 5
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    # and the program's own random stream goes on as it would have
+    assert torch.equal(torch.randn(4), after_expected)
+
+
+def test_a_loader_with_persistent_workers_is_refused_at_the_save() -> None:
+    loader = DataLoader(_Augmented(), batch_size=4, num_workers=1, persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(pickle.PicklingError, match="persistent_workers=True"):
+        dumps({"iterator": iterator}, {})
+
+
+class _FileLines(Dataset[str]):
+    """Items read from a file when loaded (a data set on disk, not in the state)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.path.read_text().splitlines())
+
+    def __getitem__(self, i: int) -> str:
+        return self.path.read_text().splitlines()[i]
+
+
+def test_an_iterator_longer_than_its_recreation_is_refused_on_resume(tmp_path: Path) -> None:
+    data = tmp_path / "items.txt"
+    data.write_text("".join(f"{i}\n" for i in range(20)))
+    loader = DataLoader(_FileLines(data), batch_size=2)
+    iterator = iter(loader)
+    _batches(iterator, 6)
+    load = _save({"iterator": iterator})
+    data.write_text("".join(f"{i}\n" for i in range(4)))  # the data set shrank since
+    with pytest.raises(CheckpointError, match="after 6 batches ends sooner"):
+        load()
+
+
+# --------------------------------------------------------------------------- summary writers
+
+
+def _scalars(log_dir: Path) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return sorted((e.step, e.value) for e in events.Scalars("loss"))
+
+
+def test_a_summary_writer_resumes_without_logging_an_event_twice(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    straight = SummaryWriter(log_dir=str(tmp_path / "straight"))
+    for step in range(10):
+        straight.add_scalar("loss", 1.0 / (step + 1), step)
+    straight.close()
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "resumed"))
+    for step in range(5):
+        writer.add_scalar("loss", 1.0 / (step + 1), step)
+    load = _save({"writer": writer})
+    for step in range(5, 8):  # logged after the checkpoint by the attempt that is killed
+        writer.add_scalar("loss", 1.0 / (step + 1), step)
+    writer.flush()
+    killed_attempts_file = SummaryWriter(log_dir=str(tmp_path / "resumed"))  # a later attempt's
+    killed_attempts_file.add_scalar("loss", 99.0, 5)
+    killed_attempts_file.flush()
+    back = load()["writer"]
+    assert back is not writer and back.log_dir == str((tmp_path / "resumed").resolve())
+    for step in range(5, 10):
+        back.add_scalar("loss", 1.0 / (step + 1), step)
+    back.close()
+    assert _scalars(tmp_path / "resumed") == _scalars(tmp_path / "straight")
+    assert len(_scalars(tmp_path / "resumed")) == 10
+
+
+# --------------------------------------------------------------------------- open files
+
+
+@pytest.mark.parametrize("mode", ["w", "wb", "a", "w+"])
+def test_a_file_being_written_resumes_at_its_position_without_what_came_after(
+        tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "log.txt"
+    if "a" in mode:
+        path.write_text("earlier run\n")
+
+    def line(i: int) -> Any:
+        text = f"step {i}\n"
+        return text.encode() if "b" in mode else text
+
+    f = open(path, mode)  # noqa: SIM115
+    for i in range(3):
+        f.write(line(i))
+    load = _save({"f": f})
+    for i in range(3, 6):  # written after the checkpoint, then the process is killed
+        f.write(line(i))
+    f.flush()
+    back = load()["f"]
+    for i in range(3, 5):
+        back.write(line(i))
+    back.close()
+    f.close()
+    expected = ("earlier run\n" if "a" in mode else "") + "".join(f"step {i}\n" for i in range(5))
+    assert path.read_text() == expected
+
+
+@pytest.mark.parametrize("mode", ["r", "rb"])
+def test_a_file_being_read_resumes_at_its_position(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "data.txt"
+    path.write_text("".join(f"line {i} é\n" for i in range(50)), encoding="utf-8")
+    with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        for _ in range(7):
+            f.readline()
+        load = _save({"f": f})
+        rest = f.read()
+    back = load()["f"]
+    try:
+        assert back.read() == rest
+    finally:
+        back.close()
+
+
+def test_a_file_cut_short_since_the_save_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    with open(path, "w") as f:
+        f.write("0123456789")
+        load = _save({"f": f})
+    path.write_text("01")
+    with pytest.raises(CheckpointError, match="shorter than at the checkpoint"):
+        load()
+
+
+def test_standard_streams_are_the_resumed_process_own() -> None:
+    back = _save({"out": sys.stdout, "err": sys.stderr})()
+    assert back["out"] is sys.stdout and back["err"] is sys.stderr

@@ -1,0 +1,329 @@
+"""Live resources in a resume state: saved as what re-creates them at their position.
+
+A program keeps things across its loop that are not values: a ``DataLoader`` iterator (an
+"infinite" loader wrapper), a tensorboard ``SummaryWriter``, an open file. None of them pickles;
+each is saved as the recipe that gives the resumed program the same object at the same point.
+
+* **DataLoader iterators** are re-created from their loader and advanced to the saved batch. The
+  order a shuffling loader yields is drawn from the random state at two moments the program does
+  not see: the iterator's creation (the workers' base seed) and the sampler's first draw. The
+  runtime records the random states at both (an observer on torch's iterator class, installed
+  when ``torch.utils.data`` is imported; it changes nothing the iterator does), and the
+  re-creation replays them. Without workers the sampler is advanced without loading the skipped
+  batches (the global random state is restored afterwards, so what the skipped loads would have
+  drawn does not matter); with workers, or over an iterable dataset, the skipped batches are
+  loaded and dropped, because the workers' random streams advance with every item they load.
+  Persistent workers are refused: their iterator is reset each epoch and its workers' streams
+  carry over, which a fresh iterator cannot reproduce.
+* **SummaryWriters** are flushed at the save, and the size of every event file under their
+  directory recorded. On resume the files are cut back to those sizes and event files that
+  appeared after the checkpoint (written by the killed attempt) are removed, so no event is
+  logged twice; the writer is re-opened on the same directory (a new event file, which
+  TensorBoard reads with the others).
+* **Open files** are flushed (and fsynced, for files open for writing) at the save; on resume they
+  are re-opened at the saved position, a file open for writing cut back to its size at the save
+  (what the killed attempt wrote after it is written again). ``sys.stdin``, ``stdout`` and
+  ``stderr`` are the resumed process's own.
+
+Everything else without a pickled form (a generator, a socket, a thread) is refused at the save
+with the value's name.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+from transform.runtime._exit import CheckpointError
+from transform.runtime._rng import rng_state, set_rng_state
+
+__all__ = ["install", "reduce_resource"]
+
+_LOADER_MODULE = "torch.utils.data.dataloader"
+_WRITER_MODULE = "torch.utils.tensorboard.writer"
+_EVENTS_PREFIX = "events.out.tfevents."
+_installed = False
+
+
+def install() -> None:
+    """Observe torch's data-loader iterators from now on (at once when torch is imported)."""
+    global _installed
+    if not _installed:
+        _installed = True
+        wrapt.register_post_import_hook(_observe_loader_iterators, _LOADER_MODULE)
+
+
+def reduce_resource(obj: Any) -> Any:
+    """The reduction of a live resource, or NotImplemented for anything else."""
+    if isinstance(obj, io.IOBase):
+        return _reduce_file(obj)
+    module = type(obj).__module__
+    if module == _LOADER_MODULE:
+        base = sys.modules[_LOADER_MODULE]._BaseDataLoaderIter
+        if isinstance(obj, base):
+            return _reduce_loader_iterator(obj)
+    elif module == _WRITER_MODULE and type(obj).__name__ == "SummaryWriter":
+        return _reduce_summary_writer(obj)
+    return NotImplemented
+
+
+# --------------------------------------------------------------------------- data loaders
+
+
+class _Origin:
+    """Where an iterator came from: its loader and the random states its order was drawn
+    from (at creation, and at the sampler's first draw once it has happened)."""
+
+    __slots__ = ("loader", "created", "first_draw")
+
+    def __init__(self, loader: Any, created: tuple[Any, Any]) -> None:
+        self.loader = loader
+        self.created = created
+        self.first_draw: tuple[Any, Any] | None = None
+
+
+class _FirstDraw:
+    """Wraps an iterator's sampler iterator: records the random states at its first ``next``
+    (when a shuffling sampler draws its seed), then only passes items on."""
+
+    __slots__ = ("inner", "origin")
+
+    def __init__(self, inner: Iterator[Any], origin: _Origin) -> None:
+        self.inner = inner
+        self.origin = origin
+
+    def __iter__(self) -> _FirstDraw:
+        return self
+
+    def __next__(self) -> Any:
+        if self.origin.first_draw is None:
+            self.origin.first_draw = _random_states(self.origin.loader)
+        return next(self.inner)
+
+
+def _observe_loader_iterators(module: Any) -> None:
+    base = module._BaseDataLoaderIter
+
+    @wrapt.patch_function_wrapper(base, "__init__")
+    def _init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> Any:
+        loader = args[0] if args else kwargs["loader"]
+        origin = _Origin(loader, _random_states(loader))
+        instance._ecrl_origin = origin
+        result = wrapped(*args, **kwargs)
+        _wrap_sampler(instance)
+        return result
+
+    @wrapt.patch_function_wrapper(base, "_reset")
+    def _reset(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> Any:
+        # The base _reset makes a fresh sampler iterator; a subclass's _reset (the
+        # multi-process iterator's, called by its __init__) calls it and then prefetches:
+        # wrapping here comes before anything draws from it.
+        result = wrapped(*args, **kwargs)
+        _wrap_sampler(instance)
+        return result
+
+
+def _wrap_sampler(iterator: Any) -> None:
+    origin = getattr(iterator, "_ecrl_origin", None)
+    current = getattr(iterator, "_sampler_iter", None)
+    if origin is not None and current is not None and not isinstance(current, _FirstDraw):
+        iterator._sampler_iter = _FirstDraw(current, origin)
+
+
+def _generators(loader: Any) -> list[Any]:
+    """The torch generators a loader's order can draw from: its own and its samplers'."""
+    torch = sys.modules["torch"]
+    found: list[Any] = []
+    for holder in (loader, getattr(loader, "sampler", None),
+                   getattr(loader, "batch_sampler", None),
+                   getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        generator = getattr(holder, "generator", None)
+        if isinstance(generator, torch.Generator) and all(g is not generator for g in found):
+            found.append(generator)
+    return found
+
+
+def _random_states(loader: Any) -> tuple[Any, Any]:
+    return rng_state(), [g.get_state() for g in _generators(loader)]
+
+
+def _set_random_states(loader: Any, states: tuple[Any, Any]) -> None:
+    global_state, generator_states = states
+    set_rng_state(global_state)
+    for generator, state in zip(_generators(loader), generator_states, strict=True):
+        generator.set_state(state)
+
+
+def _reduce_loader_iterator(iterator: Any) -> Any:
+    origin: _Origin | None = getattr(iterator, "_ecrl_origin", None)
+    if origin is None:
+        raise pickle.PicklingError(
+            "it is a DataLoader iterator created before the transformed program's runtime was "
+            "loaded, so where its order came from is unknown; create it in the program")
+    if getattr(iterator, "_persistent_workers", False):
+        raise pickle.PicklingError(
+            "it is the iterator of a DataLoader with persistent_workers=True, whose workers' "
+            "random streams carry over from epoch to epoch and cannot be re-created at this "
+            "position; use persistent_workers=False, or create the iterator after the "
+            "checkpoint")
+    return _loader_iterator, (origin.loader, origin.created, origin.first_draw,
+                              iterator._num_yielded)
+
+
+def _loader_iterator(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
+                     yielded: int) -> Any:
+    """The loader's iterator re-created as the saved one was, advanced by ``yielded``
+    batches; the random states left as they were before (the resume sets its own)."""
+    install()
+    before = _random_states(loader)
+    try:
+        _set_random_states(loader, created)
+        iterator = iter(loader)
+        origin: _Origin = iterator._ecrl_origin
+        if origin.first_draw is None and first_draw is not None:
+            _set_random_states(loader, first_draw)
+        dataset_kind = sys.modules[_LOADER_MODULE]._DatasetKind
+        if iterator._num_workers == 0 and iterator._dataset_kind == dataset_kind.Map:
+            for _ in range(yielded):
+                iterator._next_index()
+            iterator._num_yielded = yielded
+        else:
+            for _ in range(yielded):
+                next(iterator)
+    except StopIteration:
+        raise CheckpointError(f"cannot resume: a DataLoader iterator saved after {yielded} "
+                              "batches ends sooner when re-created; its dataset or sampler "
+                              "must give the same batches on every run") from None
+    finally:
+        _set_random_states(loader, before)
+    return iterator
+
+
+# --------------------------------------------------------------------------- summary writers
+
+
+def _event_files(log_dir: Path) -> dict[str, int]:
+    if not log_dir.is_dir():
+        return {}
+    return {str(p.relative_to(log_dir)): p.stat().st_size
+            for p in log_dir.rglob(f"{_EVENTS_PREFIX}*") if p.is_file()}
+
+
+def _reduce_summary_writer(writer: Any) -> Any:
+    writer.flush()
+    log_dir = Path(writer.log_dir).resolve()
+    for name in _event_files(log_dir):
+        _fsync(log_dir / name)
+    return _summary_writer, (type(writer), str(log_dir), _event_files(log_dir),
+                             writer.max_queue, writer.flush_secs, writer.filename_suffix)
+
+
+def _summary_writer(cls: Any, log_dir: str, files: dict[str, int], max_queue: int,
+                    flush_secs: int, filename_suffix: str) -> Any:
+    """The writer re-opened on its directory once the events logged after the save are gone."""
+    directory = Path(log_dir)
+    for name, size in _event_files(directory).items():
+        path = directory / name
+        if name not in files:
+            path.unlink()  # written after the checkpoint, by the attempt that was killed
+        elif size < files[name]:
+            raise CheckpointError(f"cannot resume: the event file {path} is shorter than at "
+                                  "the checkpoint; the events logged before it are lost")
+        elif size > files[name]:
+            os.truncate(path, files[name])
+    missing = sorted(set(files) - set(_event_files(directory)))
+    if missing:
+        raise CheckpointError(f"cannot resume: the event file {directory / missing[0]} of a "
+                              "SummaryWriter saved at the checkpoint is gone")
+    return cls(log_dir=log_dir, max_queue=max_queue, flush_secs=flush_secs,
+               filename_suffix=filename_suffix)
+
+
+# --------------------------------------------------------------------------- open files
+
+
+_STREAMS = ("stdin", "stdout", "stderr")
+
+
+def _reduce_file(f: Any) -> Any:
+    for stream in _STREAMS:
+        if f is getattr(sys, stream) or f is getattr(sys, f"__{stream}__"):
+            return _standard_stream, (stream,)
+    if not isinstance(f, io.TextIOWrapper | io.BufferedReader | io.BufferedWriter
+                      | io.BufferedRandom | io.FileIO):
+        return NotImplemented  # an in-memory stream (BytesIO, StringIO) pickles as a value
+    name = getattr(f, "name", None)
+    if not isinstance(name, str):
+        raise pickle.PicklingError("it is a file opened from a descriptor, not a path, which "
+                                   "a resumed program cannot re-open")
+    if f.closed:
+        return _closed_file, (isinstance(f, io.TextIOWrapper),)
+    mode = f.mode
+    writes = any(c in mode for c in "wax+")
+    if writes:
+        f.flush()
+        os.fsync(f.fileno())
+    # A text file comes back with its encoding and errors; its newline argument is not
+    # readable from the object, so it comes back with the default (docs/transform.md).
+    options: dict[str, Any] = {"encoding": f.encoding, "errors": f.errors} \
+        if isinstance(f, io.TextIOWrapper) else {"buffering": 0} if isinstance(f, io.FileIO) \
+        else {}
+    return _open_file, (os.path.abspath(name), mode, f.tell(), os.fstat(f.fileno()).st_size,
+                        writes, options)
+
+
+def _open_file(path: str, mode: str, position: int, size: int, writes: bool,
+               options: dict[str, Any]) -> Any:
+    """The file re-opened at the saved position; a file being written cut back to its size at
+    the save first."""
+    if writes:
+        if not os.path.isfile(path):
+            raise CheckpointError(f"cannot resume: the file {path}, open for writing at the "
+                                  "checkpoint, is gone")
+        if os.path.getsize(path) < size:
+            raise CheckpointError(f"cannot resume: the file {path} is shorter than at the "
+                                  "checkpoint; what was written before it is lost")
+        os.truncate(path, size)
+    binary = "b" in mode
+    if "a" in mode:
+        reopen = mode
+    elif writes:  # w, x, r+: keep the content, write from the saved position
+        reopen = "r+b" if binary else "r+"
+    else:
+        reopen = mode
+    try:
+        f = open(path, reopen, **options)  # noqa: SIM115 - the program owns the file from here
+    except OSError as exc:
+        raise CheckpointError(f"cannot resume: the file {path}, open at the checkpoint, "
+                              f"cannot be re-opened ({exc.strerror})") from None
+    if "a" not in mode:
+        f.seek(position)
+    return f
+
+
+def _closed_file(text: bool) -> Any:
+    """A closed file stays closed (its name is not kept: nothing can be done with it)."""
+    f = open(os.devnull, "r" if text else "rb")  # noqa: SIM115
+    f.close()
+    return f
+
+
+def _standard_stream(name: str) -> Any:
+    return getattr(sys, name)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
