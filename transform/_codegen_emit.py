@@ -70,7 +70,8 @@ def _targets(names: Sequence[str], first: str, indent: str = "") -> str:
 class Emitter:
     def __init__(self, module: cst.Module, ast_module: ast.Module, marks: Marks,
                  plan_hints: dict[int, dict[str, Any]], prologue: list[str],
-                 region_names: dict[int, str], path_chains: set[int]) -> None:
+                 region_names: dict[int, str], path_chains: set[int],
+                 hosted_names: dict[int, str] | None = None) -> None:
         self.module = module
         self.ast_module = ast_module
         self.marks = marks
@@ -78,17 +79,23 @@ class Emitter:
         self.prologue = prologue
         self.region_names = region_names
         self.path_chains = path_chains
+        self.hosted_names = hosted_names or {}
+        """id(function node) → region, for hosted functions: their body uses its walk."""
         """ids of the ``if`` statements of chains with an arm that leads to a saved point."""
         self.default_indent = module.default_indent
 
     # -- text of inserted statements
-    def assignment_lines(self, hint: int, indent: str) -> list[str]:
-        info = self.plan_hints[hint]
+    def assignment_lines(self, hint: int, indent: str, level: int | None = None) -> list[str]:
+        """Bind the saved values of the hint's own function, or (``level``) of a function
+        above it on the call stack."""
+        info = self.plan_hints[hint] if level is None else self.plan_hints[hint]["outer"][level]
+        at = "" if level is None else f", {level}"
         out: list[str] = []
         if info["save"]:
-            out.append(_targets(info["save"], f"{ACTIVATION}.restore({hint})", indent))
+            out.append(_targets(info["save"], f"{ACTIVATION}.restore({hint}{at})", indent))
         for name in info["maybe"]:
-            out.append(f"if {ACTIVATION}.saved({name!r}): {name} = {ACTIVATION}.value({name!r})")
+            out.append(f"if {ACTIVATION}.saved({name!r}{at}): "
+                       f"{name} = {ACTIVATION}.value({name!r}{at})")
         return out
 
     def guarded(self, head: str, lines: list[str], indent: str) -> cst.BaseStatement:
@@ -100,10 +107,11 @@ class Emitter:
         assert isinstance(stmt, cst.If)
         return stmt.with_changes(body=stmt.body.with_changes(indent=None))
 
-    def restore_point(self, hint: int, indent: str) -> cst.BaseStatement:
-        lines = self.assignment_lines(hint, indent + self.default_indent)
+    def restore_point(self, hint: int, level: int | None, indent: str) -> cst.BaseStatement:
+        lines = self.assignment_lines(hint, indent + self.default_indent, level)
+        at = "" if level is None else f", {level}"
         return self.guarded(f"if {ACTIVATION}.restoring({hint}):",
-                            lines or [f"{ACTIVATION}.restore({hint})"], indent)
+                            lines or [f"{ACTIVATION}.restore({hint}{at})"], indent)
 
     def hint_site(self, hint: int, indent: str) -> cst.BaseStatement:
         lines = self.assignment_lines(hint, indent + self.default_indent)
@@ -127,7 +135,8 @@ class Emitter:
         return self.module.with_changes(body=flat).code
 
     def block(self, stmts: Sequence[cst.BaseStatement], ast_stmts: Sequence[ast.stmt],
-              indent: str, *, top: bool = False, region: str | None = None) -> list[Any]:
+              indent: str, *, top: bool = False, region: str | None = None,
+              within: str | None = None) -> list[Any]:
         """Emit a block. At the module's top (``top``) a list of groups (for the prologue)."""
         groups: list[list[cst.BaseStatement]] = []
         pos = 0
@@ -140,8 +149,8 @@ class Emitter:
                 pos += 1
             group: list[cst.BaseStatement] = []
             first_ast = mine[0]
-            for before in self.marks.restore_before.get(id(first_ast), ()):
-                group.append(self.restore_point(before, indent))
+            for before, level in self.marks.restore_before.get(id(first_ast), ()):
+                group.append(self.restore_point(before, level, indent))
             settle = self.marks.branches.get(id(first_ast))
             if settle is not None:
                 group.append(_statement(f"{ACTIVATION}.mark({settle})\n"))
@@ -160,18 +169,19 @@ class Emitter:
         if top:
             return groups
         flat = [s for g in groups for s in g]
-        if region is not None:
+        if region is not None or within is not None:
             at = _prologue_index(list(stmts))
             flat_at = sum(len(g) for g in groups[:at])
-            flat.insert(flat_at, _statement(f"{ACTIVATION} = {PROGRAM}.enter({region!r})\n"))
+            call = f"enter({region!r})" if region is not None else f"within({within!r})"
+            flat.insert(flat_at, _statement(f"{ACTIVATION} = {PROGRAM}.{call}\n"))
         return flat
 
     def suite(self, suite: cst.BaseSuite, ast_stmts: Sequence[ast.stmt], indent: str, *,
-              region: str | None = None, first: cst.BaseSmallStatement | None = None
-              ) -> cst.BaseSuite:
+              region: str | None = None, first: cst.BaseSmallStatement | None = None,
+              within: str | None = None) -> cst.BaseSuite:
         if isinstance(suite, cst.IndentedBlock):
             inner = indent + (suite.indent if suite.indent is not None else self.default_indent)
-            body = self.block(suite.body, ast_stmts, inner, region=region)
+            body = self.block(suite.body, ast_stmts, inner, region=region, within=within)
             if first is not None:
                 body.insert(0, cst.SimpleStatementLine(body=[first]))
             if first is None and all(a is b for a, b in zip(body, suite.body, strict=False)) \
@@ -192,9 +202,10 @@ class Emitter:
             return suite.with_changes(body=[first, *suite.body])
         return suite
 
-    def guard_line(self, line: cst.SimpleStatementLine, indent: str) -> cst.If:
+    def guard_line(self, line: cst.SimpleStatementLine, indent: str, test: str = "run"
+                   ) -> cst.If:
         return cst.If(
-            test=_expr(f"{ACTIVATION}.run"),
+            test=_expr(f"{ACTIVATION}.{test}"),
             body=cst.SimpleStatementSuite(
                 body=line.body,
                 leading_whitespace=cst.SimpleWhitespace(" \\\n" + indent),
@@ -207,6 +218,10 @@ class Emitter:
                   ) -> cst.BaseStatement:
         marks = self.marks
         if isinstance(node, cst.SimpleStatementLine):
+            call = marks.site.get(("call", id(mine[0])))
+            if call is not None:
+                # A call that leads to saved points runs while walking into one of them.
+                return self.guard_line(node, indent, f"enters({call})")
             if any(id(a) in marks.skip for a in mine) and \
                     not all(never_guarded(a) for a in mine):
                 return self.guard_line(node, indent)
@@ -216,7 +231,8 @@ class Emitter:
         if isinstance(node, cst.FunctionDef):
             assert isinstance(a, ast.FunctionDef | ast.AsyncFunctionDef)
             region = self.region_names.get(id(a))
-            body = self.suite(node.body, a.body, indent, region=region)
+            body = self.suite(node.body, a.body, indent, region=region,
+                              within=self.hosted_names.get(id(a)))
             return node if body is node.body else node.with_changes(body=body)
         if isinstance(node, cst.ClassDef):
             assert isinstance(a, ast.ClassDef)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from transform._codegen_model import Marked, Marks, Step
+from transform._hosting import hosted_under
 from transform._tasks_build import is_elif, is_hint_statement
 from transform.analysis import AnalysisSuccess
 from transform.cfg import (
@@ -166,7 +167,10 @@ def _mark_skip(marks: Marks, stmt: ast.stmt) -> None:
             _mark_skip(marks, s)
 
 
-def _mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> None:
+def _mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int],
+                 hosted: dict[int, ast.FunctionDef]) -> None:
+    """``hosted``: id of a call statement → the function it calls, whose body is part of the
+    region (:mod:`transform._hosting`)."""
     chains: dict[int, list[Step]] = {}
 
     def visit(block: list[ast.stmt], chain: list[Step]) -> None:
@@ -194,6 +198,8 @@ def _mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> 
             elif isinstance(s, ast.Match):
                 for case in s.cases:
                     visit(case.body, [*chain, Step(block, i, ("case", case))])
+            elif id(s) in hosted:
+                visit(hosted[id(s)].body, [*chain, Step(block, i, ("call", hosted[id(s)]))])
 
     visit(body, [])
     for hint, chain in sorted(chains.items()):
@@ -220,9 +226,28 @@ def _mark_region(marks: Marks, body: list[ast.stmt], chosen: dict[int, int]) -> 
             elif kind == "case":
                 marks.hint_subjects[hint].append(_site_for(marks, "match", stmt, hint))
                 _site_for(marks, "case", node, hint)
-        if len(chain) > 1:
-            top = chain[0].block[chain[0].index]
-            marks.restore_before.setdefault(id(top), []).append(hint)
+            elif kind == "call":
+                _site_for(marks, "call", stmt, hint)
+        # One stretch of the way per function on the call stack: before the first statement
+        # of each, the walk binds that function's saved values (level 0 the region's, None the
+        # hint's own function).
+        segments = _segments(chain)
+        for level, segment in enumerate(segments):
+            last = level == len(segments) - 1
+            if last and len(segment) == 1:
+                continue  # the hint itself binds them
+            top = segment[0].block[segment[0].index]
+            marks.restore_before.setdefault(id(top), []).append((hint, None if last else level))
+
+
+def _segments(chain: list[Step]) -> list[list[Step]]:
+    """The chain cut after each call into a hosted function: one part per function."""
+    out: list[list[Step]] = [[]]
+    for step in chain:
+        out[-1].append(step)
+        if step.arm is not None and step.arm[0] == "call":
+            out.append([])
+    return out
 
 
 def _walk_executed(marks: Marks, hint: int, stmt: ast.stmt) -> bool:
@@ -256,13 +281,17 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
     plan_regions: dict[str, dict[str, Any]] = {}
     region_names: dict[int, str] = {}
     path_chains: set[int] = set()
+    hosted_calls = {id(h.call): h.callee for h in tree.hosted}
+    qualified = {id(h.callee): h.callee_name for h in tree.hosted}
+    qualified.update((id(h.caller), h.caller_name) for h in tree.hosted)
+    hosted_names: dict[int, str] = {}
     for name in chosen_regions:
         region = regions[name]
         node = region.node
         chosen = {id(hints_by_id[h].statement): h for h in chosen_ids
                   if hints_by_id[h].region == name}
         marks.chosen.update(chosen)
-        _mark_region(marks, node.body, chosen)
+        _mark_region(marks, node.body, chosen, hosted_calls)
         bindings = _bindings(node.body)
         info: dict[str, Any] = {}
         if isinstance(node, ast.FunctionDef):
@@ -270,6 +299,8 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
             declared = _declared_globals(node)
             local_names = set(bindings) | set(_params(node))
             reads = set(free_names(node)) | call_reads
+            for callee in hosted_under(node, tree.hosted):
+                reads |= set(free_names(callee))  # a hosted function's reads are the region's
             info = {"params": _params(node), "declared": declared,
                     "globals": sorted((reads & module_values) - set(declared) - local_names)}
         plan_regions[name] = info
@@ -280,7 +311,10 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
                     path_chains.add(id(step.block[step.index]))
                     for arm_node in _if_chain(step.block[step.index], lines):
                         path_chains.add(id(arm_node))
-            plan_hints[hint] = _hint_plan(result, hint, chain, bindings, marks, slot_of)
+                if step.arm is not None and step.arm[0] == "call":
+                    hosted_names[id(step.arm[1])] = name
+            plan_hints[hint] = _hint_plan(result, hint, chain, node, marks, slot_of,
+                                          qualified)
     for name in chosen_regions:
         _settle_sites(regions[name].body, marks, slot_of)
     source_hash = hashlib.sha256(source.encode("utf-8")).hexdigest()
@@ -300,7 +334,7 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
     plan = replace(plan, source=hashlib.sha256(
         (source_hash + pprint.pformat(fingerprinted, sort_dicts=True)).encode()).hexdigest())
     return Marked(marks=marks, plan=plan, hints=plan_hints, region_names=region_names,
-                  path_chains=path_chains)
+                  path_chains=path_chains, hosted_names=hosted_names)
 
 
 def _slot_rules(result: AnalysisSuccess, all_hints: bool) -> tuple[dict[int, int],
@@ -400,13 +434,57 @@ def _if_chain(node: ast.stmt, lines: Sequence[str]) -> list[ast.If]:
 
 
 def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
-               bindings: dict[str, list[ast.stmt]], marks: Marks,
-               slot_of: dict[int, int]) -> dict[str, Any]:
-    facts = result.live[hint]
+               region_node: ast.Module | ast.FunctionDef, marks: Marks,
+               slot_of: dict[int, int], qualified: dict[int, str]) -> dict[str, Any]:
+    """What the hint's save holds: the names of its own function and, for a hint of a hosted
+    function, those of every function on the call stack at the call that leads to it."""
+    line = result.tree.hints[hint - 1].position.line
+    segments = _segments(chain)
+    frames: list[dict[str, Any]] = []
+    function: ast.Module | ast.FunctionDef = region_node
+    for level, segment in enumerate(segments):
+        last = level == len(segments) - 1
+        if last:
+            facts = result.live[hint]
+        else:
+            call = segment[-1].block[segment[-1].index]
+            facts = result.call_live[id(call)]
+        save, maybe = _frame_names(result, hint, facts, segment, _bindings(function.body),
+                                   marks, line)
+        frame: dict[str, Any] = {"save": sorted(save - maybe), "maybe": sorted(maybe)}
+        if last:
+            frame["detach"] = sorted(set(facts.detach) & save)
+        else:
+            frame["function"] = qualified.get(id(function), getattr(function, "name", ""))
+            callee = segment[-1].arm
+            assert callee is not None and isinstance(callee[1], ast.FunctionDef)
+            function = callee[1]
+        frames.append(frame)
+    own = frames[-1]
+    plan: dict[str, Any] = {
+        "region": result.tree.hints[hint - 1].region,
+        "line": line,
+        "slot": slot_of[hint],
+        "save": own["save"],
+        "maybe": own["maybe"],
+        "loops": marks.hint_loops[hint],
+        "subjects": marks.hint_subjects[hint],
+        "detach": own["detach"],
+    }
+    if len(frames) > 1:
+        plan["outer"] = frames[:-1]
+    return plan
+
+
+def _frame_names(result: AnalysisSuccess, hint: int, facts: Any, segment: list[Step],
+                 bindings: dict[str, list[ast.stmt]], marks: Marks, line: int
+                 ) -> tuple[set[str], set[str]]:
+    """(save, maybe) of one function of the way to ``hint``: its live facts, less what the
+    walk binds again by itself."""
     maybe = set(facts.maybe_unbound)
     save = set(facts.save)
     # Enclosing ``with … as x`` targets are bound afresh when the walk re-enters the block.
-    for step in chain:
+    for step in segment:
         stmt = step.block[step.index]
         if step.arm is not None and step.arm[0] == "with":
             assert isinstance(stmt, ast.With)
@@ -424,7 +502,6 @@ def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
         if not stmts or not all(_walk_executed(marks, hint, s) for s in stmts):
             save.add(name)
             maybe.add(name)
-    line = result.tree.hints[hint - 1].position.line
     for name in sorted(save):
         stmts = bindings.get(name, [])
         kinds = [_unsaveable_kind(s) for s in stmts]
@@ -433,16 +510,7 @@ def _hint_plan(result: AnalysisSuccess, hint: int, chain: list[Step],
                         f"`{name}` holds {kinds[0]} and is live at the checkpoint on line "
                         f"{line}, which cannot save it: create it after the checkpoint, or "
                         "move the hint to where it is not live")
-    return {
-        "region": result.tree.hints[hint - 1].region,
-        "line": line,
-        "slot": slot_of[hint],
-        "save": sorted(save - maybe),
-        "maybe": sorted(maybe),
-        "loops": marks.hint_loops[hint],
-        "subjects": marks.hint_subjects[hint],
-        "detach": sorted(set(facts.detach) & save),
-    }
+    return save, maybe
 
 
 def issue(result: AnalysisSuccess, node: ast.AST, kind: str, message: str) -> SourceError:

@@ -65,8 +65,10 @@ class Marks:
     """``for`` sites over a ``range``."""
     hint_loops: dict[int, list[int]] = field(default_factory=dict)
     hint_subjects: dict[int, list[int]] = field(default_factory=dict)
-    restore_before: dict[int, list[int]] = field(default_factory=dict)
-    """id(outermost statement holding saved points) → their hints."""
+    restore_before: dict[int, list[tuple[int, int | None]]] = field(default_factory=dict)
+    """id(outermost statement of a function's stretch of the way to saved points) → (hint,
+    level): the values bound there are those of call-stack level ``level`` (None: the hint's
+    own function)."""
     chosen: dict[int, int] = field(default_factory=dict)
     """id(hint statement) → hint id."""
     chains: dict[int, list[Step]] = field(default_factory=dict)
@@ -87,5 +89,7 @@ class Marked:
     """Hint → what its save holds (``save``, ``maybe``…), as in the plan's literal."""
     region_names: dict[int, str]
     """id(function node) → region name, for the functions that checkpoint."""
+    hosted_names: dict[int, str] = field(default_factory=dict)
+    """id(function node) → the region a hosted function's checkpoints belong to."""
     path_chains: set[int]
     """ids of the ``if`` statements of chains with an arm that leads to a saved point."""

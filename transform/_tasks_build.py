@@ -22,6 +22,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from transform._hosting import find_hostings, hosted_under
 from transform.errors import SourceError, SourceIssue
 from transform.tasks import (
     CHECKHINT_NAME,
@@ -369,6 +370,8 @@ class _Builder:
         self.warnings: list[SourceIssue] = []
         self._hint_ids: dict[int, int] = {}
         self._declared_at: Position | None = None
+        self.host_calls: dict[int, ast.FunctionDef] = {}
+        """Call statement → the hosted function it calls (its body is inlined there)."""
 
     # -- positions and issues
     def pos(self, node: ast.AST) -> Position:
@@ -543,6 +546,12 @@ class _Builder:
 
     def structured(self, stmt: ast.stmt, region: str, loops: tuple[int, ...],
                    enclosing: tuple[ast.stmt, ...]) -> list[Item]:
+        callee = self.host_calls.get(id(stmt))
+        if callee is not None:
+            # The call, then the callee's body where it runs: one structure for the schedule.
+            call = Code(position=self.pos(stmt), statements=(stmt,), cost=STATEMENT_SECONDS,
+                        declared=False, enclosing=enclosing)
+            return [call, *self.seq(callee.body, region, loops, ()).items]
         if isinstance(stmt, ast.AsyncFor | ast.AsyncWith):
             word = "for" if isinstance(stmt, ast.AsyncFor) else "with"
             raise self.fail(stmt, "async-hint", f"hints inside `async {word}` are not supported")
@@ -724,6 +733,16 @@ def build_task_tree(source: str, path: str, module: ast.Module | None = None) ->
         node, kind, message = scan.problem
         raise builder.fail(node, kind, message)
 
+    holders = {id(func): func for _, func in _functions(module)
+               if isinstance(func, ast.FunctionDef)
+               and any(builder.holds_hint(s) or id(s) in scan.hint_statements
+                       for s in func.body)}
+    hosted, hosting_issue = find_hostings(module, holders, builder.lines.lines, path)
+    for hosting in hosted.values():
+        builder.host_calls[id(hosting.call)] = hosting.callee
+        # The call statement and what encloses it in the caller hold the callee's hints.
+        scan.holding.update(id(s) for s in _enclosing(hosting.caller, hosting.call))
+
     regions: list[Region] = []
     for name, func in _functions(module):
         if not any(builder.holds_hint(s) or id(s) in scan.hint_statements for s in func.body):
@@ -741,7 +760,11 @@ def build_task_tree(source: str, path: str, module: ast.Module | None = None) ->
             raise builder.fail(node, "unsound-call",
                                f"{why}, so liveness cannot be sound in {name}, which holds "
                                "hints")
-        calls = [c for d in func.decorator_list if (c := _params_call(d)) is not None]
+        if id(func) in hosted:
+            continue  # its body is part of the region of the function that calls it
+        calls = [c for f in (func, *hosted_under(func, hosted.values()))
+                 for d in f.decorator_list
+                 if (c := _params_call(d)) is not None]
         regions.append(Region(name=name, position=builder.pos(func), node=func,
                               body=builder.seq(func.body, name, (), ()),
                               params=_params(builder, calls)))
@@ -766,7 +789,23 @@ def build_task_tree(source: str, path: str, module: ast.Module | None = None) ->
         regions = [_renumber_region(r, renumber) for r in regions]
         hints = tuple(_renumber_hint(h, renumber) for h in hints)
     return TaskTree(path=path, source=source, module=module, regions=tuple(regions),
-                    hints=hints, warnings=tuple(builder.warnings))
+                    hints=hints, warnings=tuple(builder.warnings),
+                    hosted=tuple(hosted.values()), hosting_issue=hosting_issue)
+
+
+def _enclosing(func: ast.FunctionDef | ast.Module, target: ast.stmt) -> list[ast.stmt]:
+    """``target`` and the statements of ``func`` that enclose it."""
+    parents: dict[int, ast.AST] = {}
+    for parent in ast.walk(func):
+        for child in ast.iter_child_nodes(parent):
+            parents[id(child)] = parent
+    out: list[ast.stmt] = []
+    node: ast.AST | None = target
+    while node is not None and node is not func:
+        if isinstance(node, ast.stmt):
+            out.append(node)
+        node = parents.get(id(node))
+    return out
 
 
 def _renumber_hint(hint: Hint, renumber: dict[int, int]) -> Hint:

@@ -17,7 +17,7 @@ from transform._tasks_build import build_task_tree
 from transform.calls import check_single_entry
 from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
-from transform.liveness import LiveFacts, live_at_hints
+from transform.liveness import LiveFacts, live_at_hints, live_before
 from transform.plan import (
     Firing,
     RegionSchedule,
@@ -46,6 +46,9 @@ class AnalysisSuccess:
     refusal: SourceIssue | None = None
     """Why code generation will refuse the chosen checkpoints (a checkpointing function entered
     more than once per run), so ``--explain`` says it before ``-o`` does."""
+    call_live: Mapping[int, LiveFacts] = field(default_factory=dict, repr=False)
+    """id of a hosting call statement (:attr:`TaskTree.hosted`) → what its function must give
+    back before the call runs again on resume."""
     static_times: Mapping[str, float | None] = field(default_factory=dict, repr=False)
     """With a profile: region → Σt from the source alone (``_cost`` and the static estimate),
     to report the estimate's error against the measured ``RegionSchedule.total_time``."""
@@ -65,6 +68,23 @@ class AnalysisSuccess:
                     return f
         raise KeyError(hint_id)
 
+    def call_stack(self, hint_id: int) -> list[tuple[str, int, LiveFacts]]:
+        """For a hint of a hosted function: each function above it on the call stack,
+        outermost first, with the line of its call and what a resume gives back there before
+        calling again (empty for a hint of a region's own function)."""
+        statement = self.tree.hints[hint_id - 1].statement
+        by_callee = {id(h.callee): h for h in self.tree.hosted}
+        owner = None  # the innermost hosted function holding the hint
+        for hosting in self.tree.hosted:
+            if _contains(hosting.callee, statement) and (
+                    owner is None or _contains(owner.callee, hosting.callee)):
+                owner = hosting
+        out: list[tuple[str, int, LiveFacts]] = []
+        while owner is not None:
+            out.insert(0, (owner.caller_name, owner.call.lineno, self.call_live[id(owner.call)]))
+            owner = by_callee.get(id(owner.caller))
+        return out
+
     def hint_cost(self, hint_id: int) -> float:
         """Seconds of the code segment that ends at this hint (per execution, as modelled)."""
         return self.segment_costs.get(hint_id, 0.0)
@@ -77,6 +97,10 @@ class AnalysisFailure:
 
 
 AnalysisResult = AnalysisSuccess | AnalysisFailure
+
+
+def _contains(outer: ast.AST, node: ast.AST) -> bool:
+    return any(n is node for n in ast.walk(outer))
 
 
 def _segment_costs(region: Region, out: dict[int, float]) -> None:
@@ -123,11 +147,22 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
     except SourceError as exc:
         return AnalysisFailure(issue=exc.issue)
     live: dict[int, LiveFacts] = {}
+    call_live: dict[int, LiveFacts] = {}
     call_reads = module_call_reads(tree.module) if tree.regions else set()
-    for region in tree.regions:
-        hint_statements = {id(h.statement): h.id for h in region.body.hints()}
-        cfg = build_cfg(region.node, region.statements, hint_statements, call_reads=call_reads)
+    hint_statements = {id(h.statement): h.id for h in tree.hints}
+    calls_in: dict[int, dict[int, int]] = {}
+    for hosting in tree.hosted:
+        calls_in.setdefault(id(hosting.caller), {})[id(hosting.call)] = id(hosting.call)
+    functions: list[ast.Module | ast.FunctionDef] = [r.node for r in tree.regions]
+    functions += [h.callee for h in tree.hosted]
+    for node in functions:
+        # Each function's own graph: a hosted function's hints see its own names, and the
+        # call that leads to them what its caller must give back to run it again.
+        cfg = build_cfg(node, node.body, hint_statements, call_reads=call_reads)
         live.update(live_at_hints(cfg))
+        calls = calls_in.get(id(node))
+        if calls:
+            call_live.update(live_before(cfg, calls))
     schedules = []
     for region in tree.regions:
         try:
@@ -153,5 +188,6 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
         if r.name in chosen and isinstance(r.node, ast.FunctionDef)})
     return AnalysisSuccess(path=path, tree=tree, schedules=tuple(schedules), live=live,
                            warnings=tree.warnings, profile=profile, segment_costs=costs,
-                           static_times=static,
-                           refusal=entry.issue(path) if entry is not None else None)
+                           static_times=static, call_live=call_live,
+                           refusal=tree.hosting_issue or (entry.issue(path) if entry is not None
+                                                          else None))

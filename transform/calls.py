@@ -31,7 +31,7 @@ from transform.tasks import CHECKHINT_NAME, PARAMS_NAME
 
 PARAMS_DECORATORS = (PARAMS_NAME, CHECKHINT_NAME)
 
-__all__ = ["EntryIssue", "check_single_entry"]
+__all__ = ["EntryIssue", "NameIndex", "check_single_entry", "decorator_name"]
 
 _REPEATING = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
               ast.GeneratorExp, ast.Lambda)
@@ -52,7 +52,7 @@ class EntryIssue:
                            kind=self.kind)
 
 
-class _Index:
+class NameIndex:
     """Parents of every node, every load of each name (``f``) and of each attribute (``x.f``),
     and the qualified name of every def and class."""
 
@@ -105,7 +105,7 @@ def check_single_entry(module: ast.Module, chosen: Mapping[str, ast.FunctionDef]
     """The first reason a checkpointing function (``chosen``: region name → ``def``) may be
     entered more than once per run, or while another checkpointing function runs; None when
     each is entered at most once."""
-    index = _Index(module)
+    index = NameIndex(module)
     for name in sorted(chosen):
         issue = _entered_once(chosen[name], name, index, set(chosen), set(),
                               f"{name}() holds checkpoints and")
@@ -114,7 +114,7 @@ def check_single_entry(module: ast.Module, chosen: Mapping[str, ast.FunctionDef]
     return None
 
 
-def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index: _Index,
+def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index: NameIndex,
                   chosen: set[str], seen: set[int], subject: str) -> EntryIssue | None:
     """``subject`` opens the messages reported as they are: ``train() holds checkpoints and``,
     or for a caller ``main(), which leads to train() that holds checkpoints,``."""
@@ -138,7 +138,7 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
     method = isinstance(index.up(func), ast.ClassDef)
     # A decorator other than the schedule's own may register the function to be called
     # elsewhere (atexit.register, a framework's hooks).
-    registered = any(_decorator_name(d) not in PARAMS_DECORATORS for d in func.decorator_list)
+    registered = any(decorator_name(d) not in PARAMS_DECORATORS for d in func.decorator_list)
     if (method or registered) and (not calls or func.name == "forward"
                                    or (func.name.startswith("__") and func.name.endswith("__"))):
         return EntryIssue(
@@ -200,7 +200,7 @@ def _entered_once(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, index
     return None
 
 
-def _decorator_name(expr: ast.expr) -> str | None:
+def decorator_name(expr: ast.expr) -> str | None:
     node = expr.func if isinstance(expr, ast.Call) else expr
     if isinstance(node, ast.Name):
         return node.id

@@ -122,6 +122,8 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
             message=f"checkpoints both at the module's top level and in {other}(): a resumed "
                     "program can continue only one of them; keep the hints of one level (or "
                     "call the function from a function)"))
+    if tree.hosting_issue is not None:
+        raise SourceError(tree.hosting_issue)
     functions = {name: node for name in chosen_regions
                  if isinstance(node := regions[name].node, ast.FunctionDef)}
     entry = check_single_entry(tree.module, functions)
@@ -141,7 +143,8 @@ def generate(result: AnalysisSuccess, *, all_hints: bool = False,
 
     module = cst.parse_module(source)
     code = Emitter(module, tree.module, marked.marks, marked.hints, prologue,
-                   marked.region_names, marked.path_chains).module_code()
+                   marked.region_names, marked.path_chains,
+                   marked.hosted_names).module_code()
     return Generated(code=with_line_map(code, source), changed=True,
                      checkpoints=tuple(chosen_ids), plan=plan_literal)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from transform.cfg import CfgNode, RegionCfg
 
-__all__ = ["LiveFacts", "live_at_hints"]
+__all__ = ["LiveFacts", "live_at_hints", "live_before"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,4 +158,30 @@ def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
                                 rebind=tuple(sorted(rebind)),
                                 maybe_unbound=tuple(sorted(save - must[node])),
                                 detach=tuple(sorted(detach)))
+    return facts
+
+
+def live_before(cfg: RegionCfg, statements: dict[int, int]) -> dict[int, LiveFacts]:
+    """Live facts just before each of ``statements`` (``id(statement)`` → a key), by key: what
+    a resume must give back to run the statement again (a call that leads to checkpoints, see
+    :mod:`transform._hosting`). The statement's own reads count; a tensor is never detached."""
+    live_out = _fixpoint_live(cfg)
+    may, must = _fixpoint_bound(cfg)
+    facts: dict[int, LiveFacts] = {}
+    for n, node in cfg.nodes.items():
+        key = statements.get(id(node.node)) if node.node is not None else None
+        if key is None:
+            continue
+        preds = list(cfg.graph.predecessors(n))
+        may_in = frozenset().union(*(may[p] for p in preds))
+        must_in = frozenset.intersection(*(must[p] for p in preds)) if preds else frozenset()
+        live = set(node.uses | (live_out[n] - node.kills)) | set(cfg.escaped)
+        if "*" not in may_in:
+            live &= may_in
+        live.discard("*")
+        rebind = {name for name in live if name in cfg.static}
+        save = live - rebind
+        facts[key] = LiveFacts(hint=key, save=tuple(sorted(save)),
+                               rebind=tuple(sorted(rebind)),
+                               maybe_unbound=tuple(sorted(save - must_in)))
     return facts

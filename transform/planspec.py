@@ -18,7 +18,7 @@ from typing import Any
 
 from transform._firing import balanced_fires
 
-__all__ = ["PLAN_VERSION", "Plan", "PlanError", "RegionSpec", "HintSpec", "SlotRule"]
+__all__ = ["PLAN_VERSION", "FrameSpec", "Plan", "PlanError", "RegionSpec", "HintSpec", "SlotRule"]
 
 PLAN_VERSION = 2
 """1: the untyped dict of the first transform; 2: this module (adds ``original``)."""
@@ -129,13 +129,21 @@ class HintSpec:
     detach: tuple[str, ...] = ()
     """Names of ``save``/``maybe`` no later read needs the autograd graph of: a tensor among
     them is saved detached (:attr:`transform.liveness.LiveFacts.detach`)."""
+    outer: tuple[FrameSpec, ...] = ()
+    """For a hint of a hosted function (:mod:`transform._hosting`): the functions on the call
+    stack above the hint's own, the region's first; ``save``/``maybe`` are the hint's own
+    function's names."""
 
     def to_literal(self) -> dict[str, Any]:
-        literal = {"region": self.region, "line": self.line, "slot": self.slot,
-                   "save": list(self.save), "maybe": list(self.maybe), "loops": list(self.loops),
-                   "subjects": list(self.subjects)}
-        if self.detach:  # only where there is one: every other program's plan reads as before
+        literal: dict[str, Any] = {
+            "region": self.region, "line": self.line, "slot": self.slot,
+            "save": list(self.save), "maybe": list(self.maybe), "loops": list(self.loops),
+            "subjects": list(self.subjects)}
+        # only where there is one: every other program's plan reads as before
+        if self.detach:
             literal["detach"] = list(self.detach)
+        if self.outer:
+            literal["outer"] = [f.to_literal() for f in self.outer]
         return literal
 
     @classmethod
@@ -143,7 +151,26 @@ class HintSpec:
         return cls(region=data["region"], line=int(data["line"]), slot=int(data["slot"]),
                    save=tuple(data["save"]), maybe=tuple(data.get("maybe", ())),
                    loops=tuple(data.get("loops", ())), subjects=tuple(data.get("subjects", ())),
-                   detach=tuple(data.get("detach", ())))
+                   detach=tuple(data.get("detach", ())),
+                   outer=tuple(FrameSpec.from_literal(f) for f in data.get("outer", ())))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameSpec:
+    """One function on the call stack of a hosted hint, at the call that leads to it."""
+
+    function: str
+    """Its qualified name (``co_qualname`` of its running frame)."""
+    save: tuple[str, ...]
+    maybe: tuple[str, ...] = ()
+
+    def to_literal(self) -> dict[str, Any]:
+        return {"function": self.function, "save": list(self.save), "maybe": list(self.maybe)}
+
+    @classmethod
+    def from_literal(cls, data: Mapping[str, Any]) -> FrameSpec:
+        return cls(function=str(data["function"]), save=tuple(data["save"]),
+                   maybe=tuple(data.get("maybe", ())))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -113,6 +113,9 @@ def explain_data(result: AnalysisSuccess) -> dict[str, Any]:
         "maybe_unbound": {str(h): list(f.maybe_unbound) for h, f in sorted(result.live.items())
                           if f.maybe_unbound},
         "detached": {str(h): list(f.detach) for h, f in sorted(result.live.items()) if f.detach},
+        "call_stacks": {str(h.id): [{"function": name, "line": line, "save": list(f.save)}
+                                    for name, line, f in stack]
+                        for h in result.hints if (stack := result.call_stack(h.id))},
         "regions": [_region_json(s, result) for s in result.schedules],
         "warnings": [w.render() for w in result.warnings],
         "refusal": result.refusal.render() if result.refusal is not None else None,
@@ -181,4 +184,8 @@ def explain_text(result: AnalysisSuccess) -> str:
                                    f"read needs it): {', '.join(facts.detach)}")
                     if facts.rebind:
                         out.append(f"    re-binds: {', '.join(facts.rebind)}")
+                    for name, line, outer in result.call_stack(h):
+                        out.append(f"    and {name}() on the call stack (resumed by calling "
+                                   f"again on line {line}): "
+                                   f"{', '.join(outer.save) or '(nothing)'}")
     return "\n".join(out)

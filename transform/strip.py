@@ -135,8 +135,10 @@ def _generated_statement(stmt: cst.BaseStatement) -> bool:
 
 
 def _unguard(stmt: cst.BaseStatement) -> cst.BaseStatement:
-    """``if _ecrl.run: \\`` + the original line → the original line."""
-    if isinstance(stmt, cst.If) and _is_attr(stmt.test, "run") and stmt.orelse is None \
+    """``if _ecrl.run: \\`` (or, for a call that leads to checkpoints, ``if _ecrl.enters(K):
+    \\``) + the original line → the original line."""
+    if isinstance(stmt, cst.If) and (_is_attr(stmt.test, "run") or _is_call(stmt.test, "enters")) \
+            and stmt.orelse is None \
             and isinstance(stmt.body, cst.SimpleStatementSuite) \
             and stmt.body.leading_whitespace.value.startswith(" \\"):
         return cst.SimpleStatementLine(body=stmt.body.body, leading_lines=stmt.leading_lines,

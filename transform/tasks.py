@@ -22,8 +22,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from transform.errors import SourceIssue
+
+if TYPE_CHECKING:  # the hosting module reads task trees' names: a cycle at run time
+    from transform._hosting import Hosting
 
 __all__ = [
     "STATEMENT_SECONDS",
@@ -175,3 +179,8 @@ class TaskTree:
     regions: tuple[Region, ...]
     hints: tuple[Hint, ...]
     warnings: tuple[SourceIssue, ...]
+    hosted: tuple[Hosting, ...] = ()
+    """Functions whose checkpoints belong to the region of the function calling them from a
+    loop (:mod:`transform._hosting`), innermost last along each chain."""
+    hosting_issue: SourceIssue | None = None
+    """Why a hosting call cannot be resumed (code generation refuses the program)."""

@@ -58,8 +58,6 @@ def refusal(source: str) -> tuple[int, int, str, str] | None:
 SHAPES = {
     "called-twice": (f"{HEAD}{TRAIN}train(3)\ntrain(4)\n", (6, 1),
                      "checkpoints-called-repeatedly", "called on lines 5, 6"),
-    "in-while": (f"{HEAD}{TRAIN}k = 0\nwhile k < 2:\n    train(3)\n    k += 1\n", (7, 5),
-                 "checkpoints-called-in-loop", "inside a loop (line 6)"),
     "in-comprehension": (f"{HEAD}{TRAIN}out = [train(n) for n in (1, 2)]\n", (5, 8),
                          "checkpoints-called-in-loop", "comprehension"),
     "by-reference": (f"{HEAD}{TRAIN}run = train\nrun(3)\n", (5, 7), "checkpoints-by-reference",
@@ -67,13 +65,6 @@ SHAPES = {
     "recursive": (f"{HEAD}def train(n):\n    for i in range(3):\n        _checkpoint()\n"
                   "    if n:\n        train(n - 1)\ntrain(3)\n", (7, 1),
                   "checkpoints-called-repeatedly", "called on lines 6, 7"),
-    "caller-in-loop": (f"{HEAD}{TRAIN}def epoch():\n    train(3)\nfor e in range(2):\n"
-                       "    epoch()\n", (6, 5), "checkpoints-called-in-loop",
-                       "called here by epoch(), which may run more than once (line 8)"),
-    "method-in-loop": (f"{HEAD}class T:\n    def fit(self):\n        for i in range(3):\n"
-                       "            _checkpoint()\n    def run(self):\n"
-                       "        for e in range(2):\n            self.fit()\n"
-                       "T().run()\n", (8, 13), "checkpoints-called-in-loop", "T.fit()"),
     "caller-by-reference": (f"{HEAD}{TRAIN}def main():\n    train(3)\n"
                             "import atexit\natexit.register(main)\n", (8, 17),
                             "checkpoints-by-reference",
@@ -88,9 +79,16 @@ SHAPES = {
                          "checkpoints-called-implicitly", "calling it by name"),
     "registered": (f"{HEAD}import atexit\n@atexit.register\n{TRAIN}", (4, 1),
                    "checkpoints-called-implicitly", "a decorator that registers it"),
-    "nested": (f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n        train(3)\n"
-               "        _checkpoint()\nmain()\n", (7, 9), "nested-checkpoints",
-               "keep only main()'s hints"),
+    "called-in-loop-and-once": (f"{HEAD}{TRAIN}train(1)\nfor e in range(2):\n    train(3)\n",
+                                (7, 5), "checkpoints-called-repeatedly", "called on lines 5, 7"),
+    "in-loop-of-class-body": (f"{HEAD}{TRAIN}class C:\n    for e in range(2):\n"
+                              "        train(3)\n", (7, 9), "checkpoints-called-in-loop",
+                              "inside a loop (line 6)"),
+    "argument-with-a-call": (f"{HEAD}{TRAIN}it = iter([1, 2])\nfor e in range(2):\n"
+                             "    train(next(it))\n", (7, 11), "checkpoints-call-arguments",
+                             "compute it on the line before"),
+    "call-not-alone": (f"{HEAD}{TRAIN}for e in range(2):\n    k = e; train(k)\n", (6, 12),
+                       "checkpoints-call-not-alone", "on a line of its own"),
 }
 
 
@@ -115,6 +113,17 @@ ACCEPTED = {
     "caller-hints-not-nested": f"{HEAD}def train(n):\n    for i in range(n):\n        pass\n"
                                "def main():\n    for e in range(2):\n        train(3)\n"
                                "        _checkpoint()\nmain()\n",
+    # Called from a loop: the caller hosts the checkpoints (transform/_hosting.py).
+    "hosted-in-module-while": f"{HEAD}{TRAIN}k = 0\nwhile k < 2:\n    _iterations: 2\n"
+                              "    train(3)\n    k += 1\n",
+    "hosted-through-a-caller-called-once": f"{HEAD}{TRAIN}def epoch():\n    train(3)\n"
+                                           "for e in range(2):\n    epoch()\n",
+    "hosted-method": f"{HEAD}class T:\n    def fit(self):\n        for i in range(3):\n"
+                     "            _checkpoint()\n    def run(self):\n"
+                     "        for e in range(2):\n            self.fit()\n"
+                     "T().run()\n",
+    "hosted-with-caller-hints": f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n"
+                                "        train(3)\n        _checkpoint()\nmain()\n",
 }
 
 
@@ -195,7 +204,7 @@ def test_hint_in_the_callers_epoch_loop_never_moves_backwards(tmp_path: Path) ->
 
 
 def test_explain_says_the_program_will_be_refused(tmp_path: Path) -> None:
-    case = FIXTURES / "refused" / "mnist-hints-in-both"
+    case = FIXTURES / "refused" / "mnist-warmup-then-epochs"
     expected = (case / "expected-error.txt").read_text().strip()
     text = subprocess.run([sys.executable, "-m", "transform.cli", "input.py", "--explain"],
                           cwd=case, capture_output=True, text=True, timeout=120)
@@ -208,3 +217,29 @@ def test_explain_says_the_program_will_be_refused(tmp_path: Path) -> None:
     fine = FIXTURES / "programs" / "mnist-epoch-caller" / "input.py"
     ok = analyze(fine.read_text(), str(fine))
     assert isinstance(ok, AnalysisSuccess) and ok.refusal is None
+
+
+def test_a_hint_in_a_function_called_per_epoch_is_a_checkpoint_of_the_caller() -> None:
+    """pytorch/examples' mnist shape, hint in train()'s batch loop (issue 30, item 4): main()
+    hosts it, the schedule counts the batch loop inside the epoch loop, and the save holds both
+    frames' live values."""
+    path = FIXTURES / "programs" / "mnist-hints-in-both" / "input.py"
+    result = analyze(path.read_text(), str(path))
+    assert isinstance(result, AnalysisSuccess) and result.refusal is None
+    assert [r.name for r in result.tree.regions] == ["main"]
+    assert [(h.callee_name, h.caller_name) for h in result.tree.hosted] == [("train", "main")]
+    batch_hint = min(h.id for h in result.hints)  # train() comes first in the file
+    firing = result.firing(batch_hint)
+    assert firing.total == 8 * 12  # executions over the whole run: epochs × batches
+    stack = result.call_stack(batch_hint)
+    assert [(name, line) for name, line, _ in stack] == [("main", 75)]
+    assert {"model", "optimizer", "scheduler", "epoch", "history"} <= set(stack[0][2].save)
+    assert "total" in result.live[batch_hint].save  # train()'s own running sum
+    generated = generate(result, all_hints=True)
+    plan = generated.plan["hints"][batch_hint]
+    assert plan["outer"][0]["function"] == "main" and "history" in plan["outer"][0]["save"]
+    data = json.loads(subprocess.run(
+        [sys.executable, "-m", "transform.cli", "input.py", "--explain", "--format", "json"],
+        cwd=path.parent, capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert data["call_stacks"][str(batch_hint)][0]["function"] == "main"
+    assert str(max(h.id for h in result.hints)) not in data["call_stacks"]

@@ -127,8 +127,9 @@ CODEGEN_BAD = {
                    "    lines = (s for s in open(path))\n"
                    "    for i in range(3):\n        _checkpoint()\n        next(lines)\n",
                    "`lines` holds a generator", 3),
+    # f() runs once, so it is its own region (a loop calling it would host its hints)
     "two-levels": ("from transform import _checkpoint\ndef f():\n    for i in range(3):\n"
-                   "        _checkpoint()\nfor j in range(3):\n    f()\n    _checkpoint()\n",
+                   "        _checkpoint()\nf()\nfor j in range(3):\n    _checkpoint()\n",
                    "both at the module's top level and in f()", 4),
     "reserved": ("from transform import _checkpoint\n_ecrl = 1\nfor i in range(3):\n"
                  "    _checkpoint()\n", "`_ecrl` is a name generated code uses", 2),

@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from transform.planspec import HintSpec, Plan, PlanError
+from transform.planspec import FrameSpec, HintSpec, Plan, PlanError
 from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
 from transform.runtime._observe import Saved, notify
@@ -64,6 +64,8 @@ class Program:
         self.pid = os.getpid()
         """The process that runs the program: a child it forks neither writes nor removes."""
         self.entries: dict[str, int] = {}
+        self.active: dict[str, Activation] = {}
+        """Each region's latest activation: hosted functions join it."""
         # Functions and classes are found in, and closures bound to, the program's namespace.
         set_program(sys._getframe(1).f_globals, file)
         # Before the program's imports: data-loader iterators it creates are re-creatable.
@@ -90,8 +92,23 @@ class Program:
         state = self.pending
         if state is not None and state.region == region and state.entry == entry:
             self.pending = None
-            return Activation(self, region, entry, state, sys._getframe(1))
-        return Activation(self, region, entry, None, sys._getframe(1))
+            activation = Activation(self, region, entry, state, sys._getframe(1))
+        else:
+            activation = Activation(self, region, entry, None, sys._getframe(1))
+        self.active[region] = activation
+        return activation
+
+    def within(self, region: str) -> Activation:
+        """A hosted function's activation: that of the region whose loop calls it (it walks and
+        counts as part of it, see :mod:`transform._hosting`)."""
+        activation = self.active.get(region)
+        if activation is None:
+            code = sys._getframe(1).f_code
+            raise CheckpointError(
+                f"{self.where(code.co_firstlineno)}: {code.co_qualname}() holds checkpoints of "
+                f"{region}() and runs only when {region}() calls it; it was called before "
+                f"{region}() started (transform the program again if it changed)")
+        return activation
 
     # -- writing
     def write(self, header: dict[str, Any], data: bytes, blobs: dict[str, bytes]) -> None:
@@ -162,7 +179,7 @@ class Activation:
 
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
-                 "pending")
+                 "pending", "levels", "replaced")
 
     SKIP = SKIP
 
@@ -182,6 +199,11 @@ class Activation:
         self.marked: dict[int, dict[int, int]] = {}
         self.pending = False
         self.values: dict[str, Any] | None = None
+        """The hint's own function's saved values, once bound on resume."""
+        self.levels: dict[int, dict[str, Any]] = {}
+        """A hosted hint's call-stack levels' saved values, once bound (level 0: the region)."""
+        self.replaced: dict[int, Any] = {}
+        """id of a loaded value → the existing object it was restored into."""
         self.is_module = region == "<module>"
         info = program.plan.regions.get(region)
         scope = frame.f_locals
@@ -284,21 +306,28 @@ class Activation:
     def restoring(self, hint: int) -> bool:
         return not self.run and self.target == hint
 
-    def restore(self, hint: int) -> tuple[Any, ...]:
-        """The saved values of the hint's always-bound names, in the plan's order."""
-        values = self._values(sys._getframe(1))
+    def restore(self, hint: int, level: int | None = None) -> tuple[Any, ...]:
+        """The saved values of the hint's always-bound names, in the plan's order; with
+        ``level``, those of that function of a hosted hint's call stack."""
+        frame = sys._getframe(1)
+        if level is None:
+            values, names = self._values(frame), self.program.hints[hint].save
+        else:
+            values, names = self._level(frame, level), self.program.hints[hint].outer[level].save
         try:
-            return tuple(values[name] for name in self.program.hints[hint].save)
+            return tuple(values[name] for name in names)
         except KeyError as exc:
             raise CheckpointError(f"cannot resume: {exc} was not saved (please report this "
                                   "with the program)") from None
 
-    def saved(self, name: str) -> bool:
-        return self.values is not None and name in self.values
+    def saved(self, name: str, level: int | None = None) -> bool:
+        values = self.values if level is None else self.levels.get(level)
+        return values is not None and name in values
 
-    def value(self, name: str) -> Any:
-        assert self.values is not None
-        return self.values[name]
+    def value(self, name: str, level: int | None = None) -> Any:
+        values = self.values if level is None else self.levels[level]
+        assert values is not None
+        return values[name]
 
     def _payload(self) -> dict[str, Any]:
         state = self.state
@@ -309,10 +338,28 @@ class Activation:
         return state.payload
 
     def _values(self, frame: types.FrameType) -> dict[str, Any]:
-        if self.values is not None:
-            return self.values
+        """The hint's own function's saved values, bound against ``frame`` (its frame)."""
+        if self.values is None:
+            payload = self._load(frame)
+            self.values = self._bind(payload["values"], frame,
+                                     () if payload.get("outer") else payload["global_names"])
+        return self.values
+
+    def _level(self, frame: types.FrameType, level: int) -> dict[str, Any]:
+        """The saved values of one function above a hosted hint, bound against its frame."""
+        if level not in self.levels:
+            payload = self._load(frame)
+            self.levels[level] = self._bind(payload["outer"][level], frame,
+                                            payload["global_names"] if level == 0 else ())
+        return self.levels[level]
+
+    def _load(self, frame: types.FrameType) -> dict[str, Any]:
+        """Unpickle the saved state once, its anchors found from the region's ``frame`` (the
+        first to ask is always the region's function: the walk starts there)."""
         state = self.state
         assert state is not None
+        if state.payload is not None:
+            return state.payload
         header = state.header
         scope = frame.f_globals if self.is_module else frame.f_locals
         current: dict[tuple[str, ...], Any] = {}
@@ -334,9 +381,20 @@ class Activation:
             token = tuple(token_list)
             apply_anchor(header["anchors"][json.dumps(token_list)], current[token], saved,
                           token[1])
-        values: dict[str, Any] = dict(payload["values"])
-        global_names = set(payload["global_names"])
-        replaced: dict[int, Any] = {}
+        self.counters = dict(payload["counters"])
+        self.marked = {site: dict(m) for site, m in payload["marked"].items()}
+        self.pending = payload["pending"]
+        self.index.update(payload["loops"])
+        return payload
+
+    def _bind(self, saved_values: Mapping[str, Any], frame: types.FrameType,
+              global_list: Iterable[str]) -> dict[str, Any]:
+        """Saved values for one frame: a container the frame already holds under the same
+        name is updated in place and kept (and so wherever else the value was saved)."""
+        scope = frame.f_globals if self.is_module else frame.f_locals
+        values: dict[str, Any] = dict(saved_values)
+        global_names = set(global_list)
+        replaced = self.replaced
         for name, saved in list(values.items()):
             holder = frame.f_globals if name in global_names else scope
             if name in holder and holder[name] is not saved and \
@@ -345,13 +403,10 @@ class Activation:
                 values[name] = holder[name]
         for name, saved in list(values.items()):
             values[name] = replaced.get(id(saved), saved)
-        for name in payload["extra_globals"]:
-            frame.f_globals[name] = values.pop(name)
-        self.counters = dict(payload["counters"])
-        self.marked = {site: dict(m) for site, m in payload["marked"].items()}
-        self.pending = payload["pending"]
-        self.index.update(payload["loops"])
-        self.values = values
+        payload = self.state.payload if self.state is not None else None
+        if payload is not None and global_names:
+            for name in payload["extra_globals"]:
+                frame.f_globals[name] = values.pop(name)
         return values
 
     # -- checkpoints
@@ -381,32 +436,44 @@ class Activation:
     def _save(self, hint: int, info: HintSpec, frame: types.FrameType) -> None:
         program = self.program
         _check_nesting(self, frame, info.line)
-        scope = frame.f_globals if self.is_module else frame.f_locals
+        # A hosted hint: the frames of the functions above it, the region's first.
+        frames = _caller_frames(program, frame, info)
+        region_frame = frames[0] if frames else frame
         region = program.plan.regions.get(self.region)
         declared = set(region.declared if region else ())
-        values: dict[str, Any] = {}
         global_names: list[str] = []
         extra_globals: list[str] = []
-        for name in (*info.save, *info.maybe):
-            holder = frame.f_globals if name in declared else scope
-            if name in holder:
-                values[name] = holder[name]
-                if name in declared:
-                    global_names.append(name)
+        levels: list[dict[str, Any]] = []
+        specs: list[FrameSpec | HintSpec] = [*info.outer, info]
+        for level, spec in enumerate(specs):
+            at = frames[level] if level < len(frames) else frame
+            in_region = at is region_frame
+            scope = at.f_globals if self.is_module else at.f_locals
+            values: dict[str, Any] = {}
+            for name in (*spec.save, *spec.maybe):
+                holder = at.f_globals if in_region and name in declared else scope
+                if name in holder:
+                    values[name] = holder[name]
+                    if in_region and name in declared:
+                        global_names.append(name)
+            levels.append(values)
+        values = levels[-1]
         for name in info.detach:
             if name in values:
                 values[name] = _detached(values[name])
+        region_values = levels[0]
         if not self.is_module:
             # Module globals the function may read or change: the module rebuilds them before
             # the function runs again, so they are restored in place (or rebound) on resume.
             for name in (region.globals if region else ()):
-                if name in frame.f_globals and name not in values:
-                    values[name] = frame.f_globals[name]
+                if name in region_frame.f_globals and name not in region_values:
+                    region_values[name] = region_frame.f_globals[name]
                     global_names.append(name)
                     extra_globals.append(name)
-        anchors, anchor_states = self._anchors(values, set(global_names))
+        anchors, anchor_states = self._anchors(region_values, set(global_names))
         payload = {
             "values": values,
+            "outer": levels[:-1],
             "global_names": global_names,
             "extra_globals": extra_globals,
             "anchor_states": anchor_states,
@@ -425,7 +492,8 @@ class Activation:
         except CheckpointError:
             raise
         except Exception as exc:
-            raise _unsaveable(program, hint, info, values, anchors, exc) from None
+            every = {name: v for level in levels for name, v in level.items()}
+            raise _unsaveable(program, hint, info, every, anchors, exc) from None
         header = {
             "program": program.plan.source, "region": self.region,
             "entry": self.entry, "hint": hint, "globals": dumped.globals,
@@ -481,6 +549,26 @@ def _detached(value: Any) -> Any:
     if torch is not None and isinstance(value, torch.Tensor) and value.grad_fn is not None:
         return value.detach()
     return value
+
+
+def _caller_frames(program: Program, frame: types.FrameType, info: HintSpec
+                   ) -> list[types.FrameType]:
+    """The frames of the functions above a hosted hint's own, outermost first: each is the
+    caller of the next, as the plan says (a wrapper in between would make the resume call the
+    function with other arguments than the saved ones)."""
+    frames: list[types.FrameType] = []
+    at = frame
+    for spec in reversed(info.outer):
+        caller = at.f_back
+        if caller is None or caller.f_code.co_qualname != spec.function:
+            raise CheckpointError(
+                f"{program.where(info.line)}: this checkpoint's function was not called "
+                f"directly by {spec.function}() (found "
+                f"{caller.f_code.co_qualname if caller else 'nothing'}()): a resume could not "
+                "call it again as it was called; transform the program again")
+        frames.insert(0, caller)
+        at = caller
+    return frames
 
 
 def _check_nesting(activation: Activation, frame: types.FrameType, line: int) -> None:
