@@ -110,6 +110,53 @@ def test_sampler_iterated_before_its_pending_state_is_an_error(tmp_path: Path) -
     assert sampler.next_step == 4
 
 
+def test_the_length_does_not_shrink_while_loader_workers_prefetch() -> None:
+    """Lightning reads len() after creating the iterator to know when the epoch ends: with two
+    workers prefetching it used to end 4 batches early (issue 25, item 2)."""
+    sampler = ecrl.GlobalBatchSampler(192, 8, seed=0, steps=24, rank=0, world_size=1)
+    loader = DataLoader(ecrl.WithSampleIds(Squares(192)), batch_sampler=sampler, num_workers=2)
+    assert len(loader) == 24
+    iterator = iter(loader)  # the workers are handed batches ahead of the loop
+    assert len(loader) == 24
+    taken = [next(iterator) for _ in range(5)]
+    assert len(loader) == 24 and len(taken) == 5
+    assert sum(1 for _ in iterator) == 19
+    del iterator
+    saved = ecrl.GlobalBatchSampler(192, 8, seed=0, steps=24, rank=0, world_size=1)
+    saved.step_done(9)
+    resumed = ecrl.GlobalBatchSampler(192, 8, seed=0, steps=24, rank=0, world_size=1)
+    resumed.load_state_dict(saved.state_dict())  # in the middle of the epoch
+    loader = DataLoader(ecrl.WithSampleIds(Squares(192)), batch_sampler=resumed, num_workers=2)
+    assert len(loader) == 14
+    iterator = iter(loader)
+    assert len(loader) == 14
+    assert sum(1 for _ in iterator) == 14
+
+
+def test_an_iterator_created_before_restore_is_refused_at_once(tmp_path: Path) -> None:
+    """A framework that creates the loader's iterator (workers prefetching from step 0) before
+    the script's restore(): one line naming the cause and the fix, before any step (issue 25,
+    item 3), whether the checkpointer is made after the iterator or restore() comes later."""
+    _train(tmp_path, steps=6, every=2, stop_after=3)  # leaves a checkpoint at step 3
+    _attempt._CACHE.clear()
+    model, opt = _model()
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=6)
+    loader = DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler, num_workers=2)
+    early = iter(loader)
+    with pytest.raises(SemanticsError) as refused:
+        ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler},
+                          run_dir=tmp_path, every=2)
+    line = str(refused.value)
+    assert "is being iterated from step 0" in line and "before Checkpointer.restore()" in line
+    assert "\n" not in line
+    saved = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=6).state_dict()
+    with pytest.raises(SemanticsError, match="is being iterated from step 0"):
+        sampler.load_state_dict(saved)
+    del early  # the workers stop; now the state can be loaded
+    sampler.load_state_dict(saved)
+    assert sampler.next_step == 0 and len(sampler) == 6
+
+
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))

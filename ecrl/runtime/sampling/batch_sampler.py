@@ -63,6 +63,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self._next = 0
         self._tracked = False
         self._pending: str | None = None
+        self._live_from: int | None = None
+        """The step a running iteration began at (None: none is running). A ``DataLoader``
+        with workers starts iterating when its iterator is created, ahead of the loop."""
         self._on_start: Callable[[], None] | None = None
         self._issued: list[tuple[int, list[int], int] | None] = []
         """(step, IDs, hash) of the shards handed out and not yet logged, in a ring indexed by
@@ -97,8 +100,19 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def expect_state(self, reason: str | None) -> None:
         """Refuse to iterate until :meth:`load_state_dict` is called (a resume is pending, for
-        ``reason``); None lifts the refusal (there was nothing to resume from)."""
+        ``reason``); None lifts the refusal (there was nothing to resume from). An iteration
+        already running is refused at once."""
+        if reason is not None and self._live_from is not None:
+            raise self._iterating_error(reason)
         self._pending = reason
+
+    def _iterating_error(self, why: str) -> SemanticsError:
+        return SemanticsError(
+            f"GlobalBatchSampler is being iterated from step {self._live_from} while its saved "
+            f"state is pending ({why}): a DataLoader iterator was created before "
+            "Checkpointer.restore() (a framework creating it early, or workers prefetching); "
+            "call restore() (or sampler.load_state_dict) before creating the loader's iterator, "
+            "or the run would restart its data order")
 
     def __iter__(self) -> Iterator[list[int]]:
         if self._pending is not None:
@@ -112,6 +126,13 @@ class GlobalBatchSampler(Sampler[list[int]]):
         if self._on_start is not None:
             start, self._on_start = self._on_start, None
             start()
+        self._live_from = self._next
+        try:
+            yield from self._shards(rank, world, local)
+        finally:
+            self._live_from = None
+
+    def _shards(self, rank: int, world: int, local: int) -> Iterator[list[int]]:
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
         size = max(64, _ISSUED_IDS // local)
         if len(self._issued) != size:
@@ -140,11 +161,14 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 return
 
     def __len__(self) -> int:
-        """Batches left until ``steps`` (needs ``steps``)."""
+        """Batches of the iteration that is running, or of the next one: from where it starts
+        to ``steps`` (needs ``steps``). It does not shrink while a loader prefetches (a
+        framework reads it after creating the iterator to know when the epoch ends)."""
         if self.steps is None:
             raise TypeError("GlobalBatchSampler(steps=None) is endless: give steps= to get a "
                             "length, or drive the loop by step count")
-        return max(0, self.steps - self._next)
+        start = self._live_from if self._live_from is not None else self._next
+        return max(0, self.steps - start)
 
     def call_on_start(self, action: Callable[[], None]) -> None:
         """Run ``action`` once, when iteration produces its first batch.
@@ -193,6 +217,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         """Continue from a saved position; its data set size, global batch and seed must be
         this sampler's."""
         state = check_state(state_dict, self.geometry, self.seed)
+        if self._live_from is not None:
+            raise self._iterating_error(f"loading the state of step {state.global_step}")
         self._next = state.global_step
         self._pending = None
 
