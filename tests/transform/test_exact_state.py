@@ -75,9 +75,9 @@ def test_a_live_autograd_graph_is_refused_at_the_first_save(tmp_path) -> None:
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
 
 
-# A data set kept as row views of one array (a real MNIST load makes 70,000 of them): disjoint
-# views are saved, each as its own copy, and the check that refuses overlapping ones must not
-# compare every pair (it was quadratic: minutes per save at this size).
+# A data set kept as row views of one array (a real MNIST load makes 70,000 of them): saved as
+# their owner once and their offsets (each as its own copy before: a check that compared every
+# pair of them took minutes per save at this size). tests/transform/test_arrays.py has the rest.
 ROW_VIEWS = """
 import numpy as np
 from transform import _checkpoint
@@ -97,51 +97,6 @@ print(w.tolist(), sum(float(r[0]) for r in rows[::4_000]))
 def test_tens_of_thousands_of_row_views_are_saved_and_resume_exactly(tmp_path) -> None:
     original, program, env = prepare(tmp_path, ROW_VIEWS, "--all-hints")
     assert resume_after(program, env, "3") == original_output(original, env)
-
-
-def test_the_overlap_check_finds_shared_memory_between_any_two_arrays() -> None:
-    import numpy as np
-
-    from transform.runtime._pickling import _check_shared_memory
-
-    base = np.arange(100_000 * 8, dtype=np.float32).reshape(100_000, 8)
-    rows = [base[i] for i in range(len(base))]
-    _check_shared_memory(rows)  # disjoint: nothing to refuse
-    _check_shared_memory([base[::2, 0], np.zeros(3), base[1::2, 1][:0]])
-    overlapping = [
-        [*rows, base[50_000:50_002]],  # a slice over two of the rows
-        [rows[7], rows[7][2:]],  # a view of a view
-        [base[::2], base[1::2]],  # interleaved extents (np.may_share_memory's bounds test)
-        [base, np.frombuffer(base.data, dtype=np.float32)],  # one buffer, two unrelated bases
-    ]
-    for arrays in overlapping:
-        with pytest.raises(pickle.PicklingError, match="share memory"):
-            _check_shared_memory(arrays)
-
-
-SHARED_VIEW = """
-import numpy as np
-from transform import _checkpoint
-
-params = np.zeros(8)
-head = params[:4]
-for step in range(10):
-    params += 1.0
-    head *= 0.5
-    _checkpoint()
-print(params, head)
-"""
-
-
-def test_arrays_sharing_memory_are_refused_at_the_first_save(tmp_path) -> None:
-    # Pickled apart, a view and its base would stop sharing memory after a resume.
-    _, program, env = prepare(tmp_path, SHARED_VIEW, "--all-hints")
-    done = kr.finish(program, cwd=tmp_path, env=env)
-    assert done.returncode == 1
-    line = done.stderr.strip()
-    assert line.splitlines() == [line], done.stderr
-    assert line.startswith("ecrl-transform: original.py:10: cannot save the live values at this "
-                           "checkpoint") and "share memory" in line, line
 
 
 def _round_trip(payload: object) -> object:

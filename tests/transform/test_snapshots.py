@@ -47,6 +47,17 @@ def generated_span(code: str) -> set[int]:
     return set()
 
 
+def generated_statements(code: str) -> set[int]:
+    """The lines of every simple statement the generator wrote (one that names ``_ecrl``), a
+    long one wrapped over several lines included."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.stmt) and not hasattr(node, "body") \
+                and "_ecrl" in (ast.get_source_segment(code, node) or ""):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
+
+
 def check_untouched(source: str, code: str) -> None:
     """Every input line appears in the output, in order, byte-identical — except compound
     headers, which keep their indentation and keyword; every other output line is generated."""
@@ -63,7 +74,7 @@ def check_untouched(source: str, code: str) -> None:
         assert k < len(out), f"input line {number} is missing or changed: {line!r}"
         used.add(k)
         j = k + 1
-    generated = generated_span(code)
+    generated = generated_span(code) | generated_statements(code)
     for k, line in enumerate(out):
         if k not in used and k + 1 not in generated:
             assert "_ecrl" in line, f"output line {k + 1} is neither the user's nor ours: {line!r}"

@@ -13,6 +13,7 @@ import sys
 import types
 from typing import Any
 
+from transform.runtime._arrays import ArrayContent
 from transform.runtime._exit import CheckpointError
 
 __all__ = ["anchor_kind", "anchor_state", "apply_anchor", "update_container"]
@@ -77,7 +78,9 @@ def anchor_state(kind: str, obj: Any) -> Any:
     if kind == "random":
         return obj.getstate()
     if kind == "array":
-        return obj.view()  # a new object over the same data: pickled as data, not as the anchor
+        # Its values, by value: the anchor itself (and a view of it) is written as a reference
+        # to the rebuilt array.
+        return ArrayContent(obj)
     if kind == "np_generator":
         return obj.bit_generator.state
     if kind == "np_randomstate":

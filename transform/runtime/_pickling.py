@@ -17,6 +17,10 @@ Python's pickle protocol:
   ``backward()`` and ``step()`` holds accumulated gradients); their storages, large NumPy arrays
   and large strings are *blobs*: raw bytes kept apart, named by their SHA-256 (see
   :mod:`transform.runtime._statefile`, which writes each distinct blob once).
+* **NumPy arrays** (:mod:`transform.runtime._arrays`): a view is written as a reference to the
+  array that owns its memory, which is written once, so views come back sharing memory as they
+  did; a large list or tuple of arrays, numbers, or tuples and lists of them is one *table*,
+  written in a few vectorized passes instead of element by element.
 * **Loading is restricted**: only the globals recorded at save time (in the checksummed
   header), never one from :data:`_DENIED` (process, file, import and eval primitives), whatever
   the header says. A value whose save would need one of those is refused at its first save.
@@ -38,6 +42,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from transform.runtime._arrays import TABLE_MIN, ArrayContent, Raw, TableReader, TableWriter
 from transform.runtime._exit import CheckpointError
 from transform.runtime._resources import reduce_resource
 
@@ -324,10 +329,14 @@ class BlobMemo:
     """
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[str, int], _Seen] = {}
-        self.next: dict[tuple[str, int], _Seen] = {}
+        self.entries: dict[tuple[Any, ...], _Seen] = {}
+        self.next: dict[tuple[Any, ...], _Seen] = {}
+        self.tables: dict[int, Any] = {}
+        """How the tables of the previous save were written (:mod:`._arrays`), by the list's
+        ``id``: reused while a table holds the same objects."""
+        self.next_tables: dict[int, Any] = {}
 
-    def content(self, key: tuple[str, int], owner: Any, data: bytes | memoryview | str
+    def content(self, key: tuple[Any, ...], owner: Any, data: bytes | memoryview | str
                 ) -> tuple[str, bytes]:
         """(digest, immutable bytes) of ``data``, the memory or value of ``owner`` now."""
         seen = self.next.get(key) or self.entries.get(key)
@@ -347,10 +356,16 @@ class BlobMemo:
     def saved(self) -> None:
         """One save's payload is done: what it did not hold is forgotten."""
         self.entries, self.next = self.next, {}
+        self.tables, self.next_tables = self.next_tables, {}
 
     def abandon(self) -> None:
         """A save that failed: the entries stay those of the last one."""
         self.next = {}
+        self.next_tables = {}
+
+
+class _Never:
+    """Stands for ``numpy.ndarray`` while NumPy is not imported: no object is of this type."""
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -358,14 +373,18 @@ class _Pickler(cloudpickle.Pickler):
                  memo: BlobMemo | None = None) -> None:
         super().__init__(file, protocol=protocol)
         self.blobs = blobs
-        self.blob_memo = memo
         """Digest → bytes of the blobs written so far; None: everything inline."""
+        self.blob_memo = memo
         self.keys: dict[int, int] = {}
         self.keep: list[Any] = []  # objects keyed by id stay alive until the dump ends
         self.globals: set[tuple[str, str]] = set()
         """(module, name) of everything written by name: what loading may import."""
-        self.arrays: list[Any] = []
-        """Every NumPy array in the payload: pickled apart, arrays sharing memory stop sharing."""
+        numpy = sys.modules.get("numpy")
+        self.tables = TableWriter(
+            _Context.dump_anchors, self.keep, memo.tables if memo else None,
+            memo.next_tables if memo else None) if numpy else None
+        """NumPy arrays (owners and views), tables of many values, the sharing check."""
+        self.ndarray: type = numpy.ndarray if numpy else _Never
 
     def _key(self, obj: Any, ident: int) -> int:
         key = self.keys.get(ident)
@@ -374,7 +393,7 @@ class _Pickler(cloudpickle.Pickler):
             self.keep.append(obj)
         return key
 
-    def _blob(self, data: bytes | memoryview | str, key: tuple[str, int] | None = None,
+    def _blob(self, data: bytes | memoryview | str, key: tuple[Any, ...] | None = None,
               owner: Any = None) -> tuple[str, bytes | str]:
         """A buffer inline or as a blob; ``key`` and ``owner`` name it for the memo (``owner``
         stays alive while its entry does, so ``key`` — an id — names only it)."""
@@ -393,6 +412,23 @@ class _Pickler(cloudpickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         kind = type(obj)
+        if kind is list or kind is tuple or kind is self.ndarray:
+            tables = self.tables
+            if tables is not None:
+                ident = id(obj)
+                if tables.lookups:
+                    item = tables.item(ident)
+                    if item is not None:
+                        return item  # written by a table
+                if kind is not self.ndarray and len(obj) >= TABLE_MIN \
+                        and ident not in tables.met:
+                    table = tables.table(obj)
+                    if table is not None:
+                        return table
+                tables.met.add(ident)  # pickled the ordinary way: in pickle's memo
+            return None
+        if kind is Raw:
+            return ("raw", *self._blob(obj.data, obj.key, obj.owner))
         if kind is str or kind is bytes:
             if self.blobs is not None and len(obj) >= BLOB_MIN_BYTES:
                 return ("str" if kind is str else "bytes",
@@ -411,17 +447,6 @@ class _Pickler(cloudpickle.Pickler):
             data = memoryview(torch.empty(0, dtype=torch.uint8).set_(cpu).numpy())
             return ("storage", key, dtype, str(untyped.device),
                     *self._blob(data, ("storage", untyped._cdata), untyped))
-        if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
-            self.arrays.append(obj)
-        if self.blobs is not None and kind.__module__ == "numpy" and kind.__name__ == "ndarray" \
-                and obj.nbytes >= BLOB_MIN_BYTES and obj.flags.c_contiguous \
-                and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None:
-            # Plain dtypes only: their ``str`` names them exactly (a structured one would lose
-            # its fields). A view comes back as a copy, as with plain pickling.
-            key = self._key(obj, id(obj))
-            data = memoryview(obj.reshape(-1).view("u1"))
-            return ("ndarray", key, obj.dtype.str, obj.shape,
-                    *self._blob(data, ("object", id(obj)), obj))
         return None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -465,6 +490,9 @@ class _Pickler(cloudpickle.Pickler):
                 and isinstance(qualname, str) and namespace.get(qualname) is obj \
                 and getattr(obj, "__module__", None) == namespace.get("__name__"):
             return _program_definition, (qualname,)
+        if self.tables is not None and (isinstance(obj, self.ndarray)
+                                        or type(obj) is ArrayContent):
+            return self.tables.reduce(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor(obj)
@@ -585,7 +613,8 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
     try:
         pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL, blobs if dedup else None, memo)
         pickler.dump(payload)
-        _check_shared_memory(pickler.arrays)
+        if pickler.tables is not None:
+            pickler.tables.sharing.check()
     except BaseException:
         if memo is not None:
             memo.abandon()
@@ -595,48 +624,6 @@ def dumps(payload: Any, anchors: dict[int, tuple[str, ...]], *, dedup: bool = Tr
     if memo is not None:
         memo.saved()
     return Dumped(buf.getvalue(), blobs, [list(g) for g in sorted(pickler.globals)])
-
-
-def _check_shared_memory(arrays: list[Any]) -> None:
-    """Refuse arrays that overlap in memory (a view and its base, two overlapping views, two
-    arrays over one buffer): each is pickled as its own copy, so after a resume an update through
-    one would no longer reach the other — a silent difference.
-
-    One sort of the arrays' byte extents, then one sweep: an array that starts before the
-    furthest end reached so far overlaps the array that reached it (the bounds test of
-    ``np.may_share_memory``). O(n log n) in the number of arrays, where comparing every pair of a
-    base's views was quadratic (70,000 row views of a data set took minutes per save).
-    """
-    if len(arrays) < 2:
-        return
-    bounds = _byte_bounds()
-    extents: list[tuple[int, int, Any]] = []
-    seen: set[int] = set()
-    for array in arrays:
-        if array.size == 0 or id(array) in seen:  # an empty array shares no memory
-            continue
-        seen.add(id(array))
-        low, high = bounds(array)
-        extents.append((low, high, array))
-    extents.sort(key=lambda extent: extent[0])
-    reach, reached_by = -1, ()
-    for low, high, array in extents:
-        if low < reach:
-            raise pickle.PicklingError(
-                f"two saved NumPy arrays share memory (shapes {reached_by} and "
-                f"{array.shape}, one a view of the other): saved apart they would stop sharing "
-                "it; keep only one of them live across the checkpoint, or copy the view")
-        if high > reach:
-            reach, reached_by = high, array.shape
-
-
-def _byte_bounds() -> Callable[[Any], tuple[int, int]]:
-    try:  # NumPy 2
-        from numpy.lib.array_utils import byte_bounds
-    except ImportError:  # NumPy 1 (imported: the arrays are its)
-        bounds: Callable[[Any], tuple[int, int]] = sys.modules["numpy"].byte_bounds
-        return bounds
-    return byte_bounds
 
 
 _ARG_SIZE = {ord(op.code): (0 if op.arg is None else op.arg.n) for op in pickletools.opcodes}
@@ -726,6 +713,7 @@ class _Unpickler(pickle.Unpickler):
         self.allowed = allowed
         self.blob = blob
         self.objects: dict[tuple[str, int], Any] = {}
+        self.tables = TableReader()
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.allowed or denied(module, name):
@@ -749,6 +737,12 @@ class _Unpickler(pickle.Unpickler):
         if not isinstance(pid, tuple) or not pid:
             raise pickle.UnpicklingError("a damaged reference to saved data")
         kind = pid[0]
+        if kind == "raw" and len(pid) == 3:
+            return self._data(pid[1], pid[2])
+        if kind == "item" and len(pid) == 3:
+            return self.tables.item(pid[1], pid[2])
+        if kind == "table" and len(pid) == 4:
+            return self.tables.table(pid[1], pid[2], pid[3])
         if kind in ("str", "bytes") and len(pid) == 3:
             data = self._data(pid[1], pid[2])
             return data.decode("utf-8", "surrogatepass") if kind == "str" else data
@@ -768,7 +762,7 @@ class _Unpickler(pickle.Unpickler):
                 self.objects[key] = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype,
                                                                _internal=True)
             return self.objects[key]
-        if kind == "ndarray" and len(pid) == 6:
+        if kind == "ndarray" and len(pid) == 6:  # written by an ecrl-transform before tables
             key = ("ndarray", int(pid[1]))
             if key not in self.objects:
                 import numpy as np

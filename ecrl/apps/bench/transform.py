@@ -15,6 +15,12 @@
   :func:`transform.runtime.observe`) and the seconds per step, with blobs saved once while
   unchanged (the default) against every value in every checkpoint (``ECRL_TRANSFORM_DEDUP=0``),
   and against the original program.
+* Many views of one array (issue 30): the seconds of a save, timed inside the program (its
+  first save, and the fastest of the later ones, when the data is unchanged), of a program whose
+  state holds 100,000 row views ``images[i].reshape(784, 1)`` of one float32 array, against the
+  same program holding the array alone; and ``fixtures/programs/numpy-network-views`` (Nielsen's
+  network2.py shape) per training step, with every hint a checkpoint and with the scheduled
+  hints, against the original (two epoch counts, the difference, as for the torch fixture).
 
 The programs are installed with this package (``programs/<case>.py.txt``, copies of the
 fixtures' ``input.py``), so the benchmark runs from a wheel as from the source tree.
@@ -27,6 +33,7 @@ per-step rows (a difference of two runs) are shown too but double the timing noi
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -40,7 +47,10 @@ from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, com
 
 FIXTURE = "torch-train"
 DEDUP_FIXTURES = ("min-char-rnn", "mnist-like")
+VIEWS_FIXTURE = "numpy-network-views"
 STEPS_PER_EPOCH = 32
+VIEWS_STEPS_PER_EPOCH = 150
+VIEWS_ROWS = 100_000
 
 _SIZE_HOOK = """
 import io, runpy, sys, torch, transform
@@ -84,6 +94,38 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 print("WRITTEN", counted[0], counted[1], file=sys.stderr)
 """
+
+
+_SAVE_SERIES = """
+import json, runpy, sys
+import transform.runtime as runtime
+seconds = []
+runtime.observe(lambda e: seconds.append(e.seconds) if isinstance(e, runtime.Saved) else None)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("SERIES", json.dumps(seconds), file=sys.stderr)
+"""
+
+_MANY_VIEWS = """
+import numpy as np
+from transform import _checkpoint
+
+images = np.random.default_rng(0).random(({rows}, 784), dtype=np.float32)
+{hold}
+total = np.zeros((784, 1), dtype=np.float32)
+for step in range(16):
+    _iterations: 16
+    total += {row}
+    _checkpoint()
+print(float(total.sum()))
+"""
+"""A state of many row views of one array (``views``), or of the array alone (``array``)."""
+
+_HOLD = {
+    "views": ("inputs = [images[i].reshape(784, 1) for i in range(len(images))]\ndel images",
+              "inputs[step]"),
+    "array": ("", "images[step].reshape(784, 1)"),
+}
 
 
 def _source(case: str) -> str:
@@ -243,6 +285,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         dedup_rows, dedup_targets = _dedup_rows(root, repeats, progress)
         rows.extend(dedup_rows)
         targets.extend(dedup_targets)
+        views_rows, views_targets = views_benchmark(root, quick=quick, progress=progress)
+        rows.extend(views_rows)
+        targets.extend(views_targets)
     return BenchResult(
         name="transform", command=command_line(), rows=rows, targets=targets,
         notes=[f"fixture fixtures/programs/torch-train, epochs {epochs[0]} and {epochs[1]} "
@@ -252,7 +297,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                "of imports (transform._testing.drive)",
                f"saving unchanged values once: fixtures {', '.join(DEDUP_FIXTURES)} with "
                "--all-hints, fastest of the repeats; bytes counted at the runtime's atomic writes "
-               "(resume.ckpt and blobs)"])
+               "(resume.ckpt and blobs)",
+               VIEWS_NOTE])
 
 
 def _params(src: Path) -> dict[str, float]:
@@ -330,4 +376,105 @@ def _dedup_rows(root: Path, repeats: int, progress: Progress) -> tuple[list[Benc
             measured=f"{ratio:.2f}× (every value every time: "
                      f"{per_step['every'] / per_step['original']:.2f}×)",
             met=ratio <= 1.5))
+    return rows, targets
+
+
+VIEWS_NOTE = (f"many views: {VIEWS_ROWS:,} rows of 784 float32 (a 300 MB array; a fifth with "
+              "--quick), 16 saves per run, "
+              "saves timed inside the program by transform.runtime.observe (the later ones "
+              "overlap the background write of the first: the fastest counts), best of the "
+              "repeats; "
+              f"fixture {VIEWS_FIXTURE}: 784-30-10 sigmoid network, mini-batches of 10, "
+              f"{VIEWS_STEPS_PER_EPOCH} mini-batches per epoch, no sleep: a step is under a "
+              "millisecond of NumPy")
+
+
+def views_benchmark(root: Path, *, quick: bool, progress: Progress
+                    ) -> tuple[list[BenchRow], list[Target]]:
+    """The many-views rows and targets (issue 30): a save of many views against a save of their
+    array, and the Nielsen-shaped fixture per step against the original."""
+    repeats = 1 if quick else 3
+    count = VIEWS_ROWS // 5 if quick else VIEWS_ROWS
+    where = root / "views"
+    where.mkdir()
+    firsts: dict[str, list[float]] = {"views": [], "array": []}
+    laters: dict[str, list[float]] = {"views": [], "array": []}
+    programs = {}
+    for name, (hold, row) in _HOLD.items():
+        source = where / f"state_of_{name}.py"
+        source.write_text(_MANY_VIEWS.format(rows=count, hold=hold, row=row))
+        programs[name] = _transform(source, where / f"state_of_{name}_all.py", "--all-hints")
+    for r in range(repeats):
+        for name, program in programs.items():
+            progress(f"many views: saves of the {name}, run {r + 1}/{repeats}")
+            done = subprocess.run([sys.executable, "-c", _SAVE_SERIES, str(program)],
+                                  cwd=where, env=_env(where / "ckpt"), capture_output=True,
+                                  text=True, check=True)
+            series = json.loads(re.findall(r"SERIES (.*)", done.stderr)[-1])
+            firsts[name].append(series[0])
+            laters[name].append(min(series[1:]))
+    rows = [
+        BenchRow(candidate=f"{count:,} row views of one array", alternative="the array alone",
+                 metric="seconds of the first save of a program's state (lower is better)",
+                 candidate_value=min(firsts["views"]), alternative_value=min(firsts["array"]),
+                 note="the array's bytes hashed and copied once in both"),
+        BenchRow(candidate=f"{count:,} row views of one array", alternative="the array alone",
+                 metric="seconds of a later save, nothing changed (fastest; lower is better)",
+                 candidate_value=min(laters["views"]), alternative_value=min(laters["array"]),
+                 note="the array compared with its copy in both; the views' shapes, strides and "
+                      "dtypes read again"),
+    ]
+    worst = max(rows[0].ratio or 0.0, rows[1].ratio or 0.0)
+    targets = [Target(
+        description=f"a save of a state holding {count:,} views of one array costs at most "
+                    "2× the save of the array alone",
+        measured=f"first save {rows[0].ratio:.2f}×, later saves {rows[1].ratio:.2f}×",
+        met=worst <= 2.0)]
+    step_rows, step_targets = _views_fixture_rows(root, repeats=1 if quick else 5, quick=quick,
+                                                  progress=progress)
+    return rows + step_rows, targets + step_targets
+
+
+def _views_variant(root: Path, epochs: int) -> Path:
+    source = _source(VIEWS_FIXTURE)
+    source = source.replace("            _iterations: 2\n", f"            _iterations: {epochs}\n")
+    source = source.replace("net.SGD(training_data, 2,", f"net.SGD(training_data, {epochs},")
+    path = root / f"original_{epochs}.py"
+    path.write_text(source)
+    return path
+
+
+def _views_fixture_rows(root: Path, *, repeats: int, quick: bool, progress: Progress
+                        ) -> tuple[list[BenchRow], list[Target]]:
+    where = root / VIEWS_FIXTURE
+    where.mkdir()
+    epochs = (1, 2) if quick else (2, 4)
+    programs: dict[str, dict[int, Path]] = {"original": {}, "scheduled": {}, "every hint": {}}
+    for e in epochs:
+        src = _views_variant(where, e)
+        programs["original"][e] = src
+        programs["scheduled"][e] = _transform(src, where / f"scheduled_{e}.py")
+        programs["every hint"][e] = _transform(src, where / f"all_{e}.py", "--all-hints")
+    times: dict[str, dict[int, list[float]]] = {n: {e: [] for e in epochs} for n in programs}
+    for r in range(repeats):
+        for name, by_epochs in programs.items():
+            for e in epochs:
+                progress(f"{VIEWS_FIXTURE}: {name}, {e} epoch(s), run {r + 1}/{repeats}")
+                times[name][e].append(_work_seconds(by_epochs[e], where / "ckpt"))
+    steps = (epochs[1] - epochs[0]) * VIEWS_STEPS_PER_EPOCH
+    per_step = {name: (min(t[epochs[1]]) - min(t[epochs[0]])) / steps
+                for name, t in times.items()}
+    rows = [BenchRow(candidate=f"transformed, {name}", alternative="original program",
+                     metric=f"{VIEWS_FIXTURE}: seconds per training step (lower is better)",
+                     candidate_value=per_step[name], alternative_value=per_step["original"],
+                     note="a save at every mini-batch" if name == "every hint" else
+                          "the schedule's saves (checkpoint_params of Network.SGD)")
+            for name in ("every hint", "scheduled")]
+    ratio = per_step["every hint"] / per_step["original"]
+    targets = [Target(
+        description=f"{VIEWS_FIXTURE}: every hint a checkpoint costs at most 1.5× the "
+                    "original's time per step",
+        measured=f"{ratio:.2f}× (scheduled hints: "
+                 f"{per_step['scheduled'] / per_step['original']:.2f}×)",
+        met=ratio <= 1.5)]
     return rows, targets
