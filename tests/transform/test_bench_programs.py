@@ -18,7 +18,8 @@ from transform.cli import main as transform_main
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "programs"
 
 
-@pytest.mark.parametrize("case", [bench.FIXTURE, *bench.DEDUP_FIXTURES, bench.VIEWS_FIXTURE])
+@pytest.mark.parametrize("case", [bench.FIXTURE, *bench.DEDUP_FIXTURES, bench.VIEWS_FIXTURE,
+                                  bench.CALL_STACK_FIXTURE])
 def test_the_benchmark_programs_are_the_fixtures(case: str) -> None:
     assert bench._source(case) == (CORPUS / case / "input.py").read_text(encoding="utf-8")
 

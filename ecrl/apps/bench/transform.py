@@ -15,6 +15,9 @@
   :func:`transform.runtime.observe`) and the seconds per step, with blobs saved once while
   unchanged (the default) against every value in every checkpoint (``ECRL_TRANSFORM_DEDUP=0``),
   and against the original program.
+* A call stack (issue 30): ``fixtures/programs/mnist-hints-in-both`` (a hint in ``train()``'s
+  batch loop, ``train()`` called per epoch by ``main()``, whose epoch loop holds the other) per
+  training step, every hint a checkpoint and the scheduled ones, against the original.
 * Many views of one array (issue 30): the seconds of a save, timed inside the program (its
   first save, and the fastest of the later ones, when the data is unchanged), of a program whose
   state holds 100,000 row views ``images[i].reshape(784, 1)`` of one float32 array, against the
@@ -39,6 +42,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -48,6 +52,8 @@ from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, com
 FIXTURE = "torch-train"
 DEDUP_FIXTURES = ("min-char-rnn", "mnist-like")
 VIEWS_FIXTURE = "numpy-network-views"
+CALL_STACK_FIXTURE = "mnist-hints-in-both"
+CALL_STACK_STEPS_PER_EPOCH = 12
 STEPS_PER_EPOCH = 32
 VIEWS_STEPS_PER_EPOCH = 150
 VIEWS_ROWS = 100_000
@@ -288,6 +294,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         views_rows, views_targets = views_benchmark(root, quick=quick, progress=progress)
         rows.extend(views_rows)
         targets.extend(views_targets)
+        stack_rows, stack_targets = call_stack_benchmark(root, quick=quick, progress=progress)
+        rows.extend(stack_rows)
+        targets.extend(stack_targets)
     return BenchResult(
         name="transform", command=command_line(), rows=rows, targets=targets,
         notes=[f"fixture fixtures/programs/torch-train, epochs {epochs[0]} and {epochs[1]} "
@@ -298,7 +307,11 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                f"saving unchanged values once: fixtures {', '.join(DEDUP_FIXTURES)} with "
                "--all-hints, fastest of the repeats; bytes counted at the runtime's atomic writes "
                "(resume.ckpt and blobs)",
-               VIEWS_NOTE])
+               VIEWS_NOTE,
+               f"call stack: fixture {CALL_STACK_FIXTURE} (pytorch/examples' mnist shape, "
+               "hints in train()'s batch loop and main()'s epoch loop; train() called per "
+               f"epoch), {CALL_STACK_STEPS_PER_EPOCH} batches per epoch, each sleeping 10 ms "
+               "for the work of a bigger model"])
 
 
 def _params(src: Path) -> dict[str, float]:
@@ -446,12 +459,44 @@ def _views_variant(root: Path, epochs: int) -> Path:
 
 def _views_fixture_rows(root: Path, *, repeats: int, quick: bool, progress: Progress
                         ) -> tuple[list[BenchRow], list[Target]]:
-    where = root / VIEWS_FIXTURE
+    return _per_step_rows(root, VIEWS_FIXTURE, _views_variant, VIEWS_STEPS_PER_EPOCH,
+                          (1, 2) if quick else (2, 4), repeats=repeats, progress=progress,
+                          scheduled_note="the schedule's saves (checkpoint_params of Network.SGD)")
+
+
+def _call_stack_variant(root: Path, epochs: int) -> Path:
+    source = _source(CALL_STACK_FIXTURE)
+    for old, new in (("default=8)", f"default={epochs})"),
+                     ("        _iterations: 8\n", f"        _iterations: {epochs}\n")):
+        assert old in source, old
+        source = source.replace(old, new)
+    path = root / f"original_{epochs}.py"
+    path.write_text(source)
+    return path
+
+
+def call_stack_benchmark(root: Path, *, quick: bool, progress: Progress
+                         ) -> tuple[list[BenchRow], list[Target]]:
+    """The call-stack rows (issue 30): ``mnist-hints-in-both``, whose batch-loop hint is in
+    ``train()`` called per epoch by ``main()`` (a save holds both frames), per training step
+    with every hint a checkpoint and with the scheduled ones, against the original."""
+    return _per_step_rows(root, CALL_STACK_FIXTURE, _call_stack_variant,
+                          CALL_STACK_STEPS_PER_EPOCH, (2, 4) if quick else (3, 6),
+                          repeats=1 if quick else 3, progress=progress,
+                          scheduled_note="the schedule's saves (checkpoint_params of main)")
+
+
+def _per_step_rows(root: Path, fixture: str, variant: Callable[[Path, int], Path],
+                   steps_per_epoch: int, epochs: tuple[int, int], *, repeats: int,
+                   progress: Progress, scheduled_note: str
+                   ) -> tuple[list[BenchRow], list[Target]]:
+    """A fixture per training step — the original, every hint a checkpoint, the scheduled
+    hints — from two epoch counts (the difference, so start-up and set-up cancel)."""
+    where = root / fixture
     where.mkdir()
-    epochs = (1, 2) if quick else (2, 4)
     programs: dict[str, dict[int, Path]] = {"original": {}, "scheduled": {}, "every hint": {}}
     for e in epochs:
-        src = _views_variant(where, e)
+        src = variant(where, e)
         programs["original"][e] = src
         programs["scheduled"][e] = _transform(src, where / f"scheduled_{e}.py")
         programs["every hint"][e] = _transform(src, where / f"all_{e}.py", "--all-hints")
@@ -459,20 +504,20 @@ def _views_fixture_rows(root: Path, *, repeats: int, quick: bool, progress: Prog
     for r in range(repeats):
         for name, by_epochs in programs.items():
             for e in epochs:
-                progress(f"{VIEWS_FIXTURE}: {name}, {e} epoch(s), run {r + 1}/{repeats}")
+                progress(f"{fixture}: {name}, {e} epoch(s), run {r + 1}/{repeats}")
                 times[name][e].append(_work_seconds(by_epochs[e], where / "ckpt"))
-    steps = (epochs[1] - epochs[0]) * VIEWS_STEPS_PER_EPOCH
+    steps = (epochs[1] - epochs[0]) * steps_per_epoch
     per_step = {name: (min(t[epochs[1]]) - min(t[epochs[0]])) / steps
                 for name, t in times.items()}
     rows = [BenchRow(candidate=f"transformed, {name}", alternative="original program",
-                     metric=f"{VIEWS_FIXTURE}: seconds per training step (lower is better)",
+                     metric=f"{fixture}: seconds per training step (lower is better)",
                      candidate_value=per_step[name], alternative_value=per_step["original"],
-                     note="a save at every mini-batch" if name == "every hint" else
-                          "the schedule's saves (checkpoint_params of Network.SGD)")
+                     note="a save at every hint execution" if name == "every hint" else
+                          scheduled_note)
             for name in ("every hint", "scheduled")]
     ratio = per_step["every hint"] / per_step["original"]
     targets = [Target(
-        description=f"{VIEWS_FIXTURE}: every hint a checkpoint costs at most 1.5× the "
+        description=f"{fixture}: every hint a checkpoint costs at most 1.5× the "
                     "original's time per step",
         measured=f"{ratio:.2f}× (scheduled hints: "
                  f"{per_step['scheduled'] / per_step['original']:.2f}×)",
