@@ -163,16 +163,49 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
+class Forwarding(torch.optim.Optimizer):
+    """An optimizer wrapper shaped like Accelerate's ``AcceleratedOptimizer``: a subclass of
+    torch's ``Optimizer`` that does not run its constructor and forwards to the optimizer it
+    holds (so it has no step-hook registry of its own)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return self.optimizer.step(closure)
+
+
 def _train(run: Path, *, steps: int, every: int, stop_after: int | None = None, seed: int = 0,
-           workers: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """A small standalone loop; returns the losses it logged and the final weights."""
+           workers: int = 0, strategy: str | None = "blocking", wrap: bool = False
+           ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """A small standalone loop; returns the losses it logged and the final weights
+    (``strategy`` None: the default one; ``wrap``: the optimizer inside :class:`Forwarding`)."""
     model, opt = _model()
+    if wrap:
+        opt = Forwarding(opt)
     sampler = ecrl.GlobalBatchSampler(64, 8, seed=seed, steps=steps)
     loader = DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler,
                         num_workers=workers)
     log = ecrl.StepLog(run, sampler=sampler, steps=steps)
     ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler}, log=log,
-                             every=every, strategy="blocking")
+                             every=every, strategy=strategy)
     losses = []
     start = ckpt.restore()
     for step, (ids, (x, y)) in zip(range(start, steps), loader, strict=True):
@@ -207,6 +240,21 @@ def test_standalone_resume_is_bit_identical_and_logs_the_ids_that_reached_the_st
     assert [r["global_step"] for r in records] == list(range(8, 12))
     for r in records:
         assert r["sample_ids"] == semantics.shard(geometry, 0, r["global_step"], 0, 1).tolist()
+
+
+@pytest.mark.parametrize("strategy", [None, "jit"])
+def test_a_wrapped_optimizer_checkpoints_and_resumes_bit_identically(
+        tmp_path: Path, strategy: str | None) -> None:
+    """Accelerate's and the transformers Trainer's optimizer wrapper crashed the default
+    strategy, which hooks the optimizer's step (issue 25, item 4): the hooks go to the
+    optimizer it wraps."""
+    whole, final = _train(tmp_path / "whole", steps=12, every=4, strategy=strategy, wrap=True)
+    first, _ = _train(tmp_path / "cut", steps=12, every=4, stop_after=9, strategy=strategy,
+                      wrap=True)
+    _attempt._CACHE.clear()
+    rest, resumed = _train(tmp_path / "cut", steps=12, every=4, strategy=strategy, wrap=True)
+    assert first[:8] + rest == whole
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
 def test_a_step_logged_twice_is_an_error(tmp_path: Path) -> None:

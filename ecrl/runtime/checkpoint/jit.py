@@ -68,7 +68,12 @@ from ecrl.contract.ckptfile import FOOTER_SIZE
 from ecrl.contract.runformat import MAX_LINE_BYTES, CheckpointEvent, JsonlWriter, loads
 from ecrl.runtime.checkpoint import statepack
 from ecrl.runtime.checkpoint.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
-from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key
+from ecrl.runtime.checkpoint.pipeline import (
+    Deferred,
+    SnapshotPipeline,
+    stepping_optimizer,
+    storage_key,
+)
 from ecrl.runtime.checkpoint.strategies import BlockingCheckpoints, CheckpointContext
 from ecrl.runtime.endings import JIT_CLAIM, JIT_MARKER
 
@@ -341,7 +346,7 @@ class JitCheckpoints(BlockingCheckpoints):
         self._buffers.take(start - 1)  # as restored (or initialised): the state after start - 1
         for module in modules:
             self._handles.append(module.register_forward_pre_hook(self._before_forward))
-        for optimizer in optimizers:
+        for optimizer in map(stepping_optimizer, optimizers):
             self._handles.append(optimizer.register_step_pre_hook(self._before_update))
             if self._kill.step is not None:
                 self._handles.append(optimizer.register_step_post_hook(

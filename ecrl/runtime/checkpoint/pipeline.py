@@ -36,15 +36,37 @@ from typing import Any
 
 import torch
 
+from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint import statepack
 
-__all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred", "storage_key",
-           "tensor_path", "warn"]
+__all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred",
+           "stepping_optimizer", "storage_key", "tensor_path", "warn"]
 
 
 def storage_key(tensor: torch.Tensor) -> tuple[str, int]:
     """Identifies a tensor's storage (views and ``detach()``-ed copies share it)."""
     return (tensor.device.type, tensor.untyped_storage().data_ptr())
+
+
+def stepping_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``step()`` runs step hooks: ``optimizer`` itself, or, for a wrapper
+    that subclasses torch's ``Optimizer`` without running its constructor and forwards
+    ``step()`` to the optimizer it holds as ``.optimizer`` (Accelerate's
+    ``AcceleratedOptimizer``, which the transformers ``Trainer`` uses too), the one it wraps —
+    such a wrapper has no hook registry of its own."""
+    current = optimizer
+    for _ in range(8):  # wrappers of wrappers, never a cycle
+        if hasattr(current, "_optimizer_step_pre_hooks"):
+            return current
+        inner = getattr(current, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is current:
+            break
+        current = inner
+    raise ConfigError(
+        f"the optimizer {type(optimizer).__qualname__} subclasses torch.optim.Optimizer without "
+        "running its constructor and wraps no optimizer (as .optimizer) that did, so its updates "
+        "cannot be watched; pass the optimizer it wraps to the Checkpointer, or use "
+        "--strategy blocking")
 
 
 def optimizer_storages(optimizers: Iterable[torch.optim.Optimizer]) -> set[tuple[str, int]]:
@@ -118,7 +140,7 @@ class SnapshotPipeline:
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer], *,
                  on_ready: Callable[[Deferred, float], None],
                  on_torn: Callable[[Deferred, list[int]], None]) -> None:
-        self._optimizers = list(optimizers)
+        self._optimizers = [stepping_optimizer(o) for o in optimizers]
         self._on_ready = on_ready
         self._on_torn = on_torn
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecrl-snapshot")
