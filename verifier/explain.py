@@ -305,9 +305,9 @@ def account(u: Unfinished, *, root: Path, prefix_only: bool, conclusive: bool) -
     if u.status == "running":
         # A supervisor killed outright leaves 'running' behind; `ecrl run` then continues.
         hint = (f"verify again when it has finished (if its supervisor was killed, continue "
-                f"it with `ecrl run --out {shlex.quote(str(root))}`)")
+                f"it with `ecrl {u.command} --out {shlex.quote(str(root))}`)")
     else:
-        hint = f"continue it with `ecrl run --out {shlex.quote(str(root))}`"
+        hint = f"continue it with `ecrl {u.command} --out {shlex.quote(str(root))}`"
     if prefix_only:
         if end == 0:
             return (f"{head}: no durable checkpoint yet, so nothing is committed; {rest} — "

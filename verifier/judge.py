@@ -200,7 +200,8 @@ class Judge:
         last = min(every) if len(every) == w else summaries[-1].last_step
         return Unfinished(status=status, attempt=k, last_step=last,
                           durable_step=self.lineage.durable, committed_steps=self.end,
-                          target_steps=self.target, message="")
+                          target_steps=self.target, message="",
+                          command="launch" if "launch" in state.extra else "run")
 
     def _account(self, u: Unfinished, checked: dict[str, int], *, prefix_only: bool) -> str:
         """The one line on an unfinished run (written by :func:`verifier.explain.account`)."""

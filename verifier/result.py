@@ -147,6 +147,9 @@ class Unfinished:
     """Steps 0..committed_steps-1 are the committed prefix held to every obligation."""
     target_steps: int
     message: str
+    command: str = "run"
+    """What continues the run: ``run`` (``ecrl run --out``), or ``launch`` for a run
+    ``ecrl launch`` supervises (its ``supervisor.json`` holds the launch)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -210,12 +210,13 @@ def render(event: Event) -> Lines:
                                 f"0's (run directory {root})")]
             return [("out", f"ecrl {command}: done; run directory {root}"),
                     *(("out", f"  {line}") for line in render_summary(summary))]
-        case RunFailed(message=message):
-            return [("err", f"ecrl run: error: {message}")]
-        case RepeatedCrash(root=root, attempt=attempt, last_step=last):
-            return [("err", f"ecrl run: error: the same error ended attempts {attempt - 1} and "
-                            f"{attempt} {_after_step(last)}, so a restart cannot fix it; fix the "
-                            f"cause, then run `ecrl run --out {root}` to continue")]
+        case RunFailed(message=message, command=command):
+            return [("err", f"ecrl {command}: error: {message}")]
+        case RepeatedCrash(root=root, attempt=attempt, last_step=last, command=command):
+            return [("err", f"ecrl {command}: error: the same error ended attempts "
+                            f"{attempt - 1} and {attempt} {_after_step(last)}, so a restart "
+                            f"cannot fix it; fix the cause, then run `ecrl {command} --out "
+                            f"{root}` to continue")]
         case RestartLimitReached(limit=limit, last_step=last):
             return [("err", f"ecrl run: restart limit reached (--max-restarts {limit}); the run "
                             f"stops {_after_step(last)}")]

@@ -109,6 +109,12 @@ def test_the_runs_failures() -> None:
                 "completing a step")]
     assert "attempts 1 and 2 after step 9, so a restart cannot fix it" in render(
         RepeatedCrash(root=ROOT, attempt=2, last_step=9))[0][1]
+    # under ecrl launch, the command that continues the run is ecrl launch (issue 25, item 8)
+    assert render(RunFailed(message="no checkpoint", command="launch")) == [
+        ("err", "ecrl launch: error: no checkpoint")]
+    launched = render(RepeatedCrash(root=ROOT, attempt=2, last_step=9, command="launch"))
+    assert launched[0][1].startswith("ecrl launch: error: ") and \
+        launched[0][1].endswith(f"then run `ecrl launch --out {ROOT}` to continue")
     assert render(ScriptEndedShort(wrote_log=True, last_step=5, target_steps=10)) == [
         ("err", "ecrl launch: error: the script exited 0 but its step log ends at step 5, "
                 "run.json's target is step 9; ECRL cannot call the run complete")]

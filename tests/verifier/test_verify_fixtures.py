@@ -97,3 +97,20 @@ def test_unfinished_fixtures_show_what_they_claim() -> None:
     failed = _run("unfinished-missing-record")
     assert failed.warnings[0].kind == "unfinished"  # type: ignore[attr-defined]
     assert not failed.unknown  # type: ignore[attr-defined]
+
+
+def test_an_unfinished_launch_is_continued_with_ecrl_launch(tmp_path: Path) -> None:
+    """A run ``ecrl launch`` supervises (its supervisor.json holds the launch) is continued with
+    ``ecrl launch --out``; ``ecrl run --out`` fails on it (issue 25, item 8)."""
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(FIXTURES / "unknown-stopped", root)
+    supervisor = root / "supervisor.json"
+    data = json.loads(supervisor.read_text())
+    data["launch"] = {"program": ["train.py"], "config": {}, "given": {}, "node_rank": 0}
+    supervisor.write_text(json.dumps(data))
+    unfinished = verify(root).runs[0].unfinished
+    assert unfinished is not None and unfinished.command == "launch"
+    assert f"continue it with `ecrl launch --out {root}`" in unfinished.message
+    assert _run("unknown-stopped").unfinished.command == "run"  # type: ignore[attr-defined]

@@ -40,7 +40,7 @@ ATTEMPT_KEYS = {"attempt", "world_size", "resumed_from_step", "status", "exit_co
                 "start_time", "end_time"}
 WARNING_KEYS = {"kind", "message", "file", "line"}
 UNFINISHED_KEYS = {"status", "attempt", "last_step", "durable_step", "committed_steps",
-                   "target_steps", "message"}
+                   "target_steps", "message", "command"}
 
 
 @pytest.fixture(scope="module")

@@ -159,6 +159,8 @@ class RunFailed:
     checkpoint, a full disk)."""
 
     message: str
+    command: str = "run"
+    """``run`` or ``launch``: the command the user continues the run with."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,6 +170,7 @@ class RepeatedCrash:
     root: Path
     attempt: int
     last_step: int | None
+    command: str = "run"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

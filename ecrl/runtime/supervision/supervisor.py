@@ -353,7 +353,8 @@ class Supervisor:
         except DiskFull as exc:
             # No relaunch: the next attempt would hit the same wall. Nothing half-written is
             # left: every file the supervisor writes is replaced atomically or not at all.
-            self._report(RunFailed(message=exc.explain(self.name, self.paths.root)))
+            self._report(RunFailed(message=exc.explain(self.name, self.paths.root),
+                                  command=self.name))
             if self._lock is not None:
                 self._lock.close()
             return EXIT_FAILED
@@ -376,7 +377,7 @@ class Supervisor:
                 try:
                     choice = self._choice or self._resume_point()
                 except (CheckpointError, RunFormatError) as exc:
-                    self._report(RunFailed(message=str(exc)))
+                    self._report(RunFailed(message=str(exc), command=self.name))
                     self._finish("failed")
                     return EXIT_FAILED
                 self._choice = None
@@ -482,9 +483,10 @@ class Supervisor:
         if end is None:
             return None
         if end.why == "fatal":
-            self._report(RunFailed(message=str(outcome.fatal)))
+            self._report(RunFailed(message=str(outcome.fatal), command=self.name))
         elif end.why == "repeated":
-            self._report(RepeatedCrash(root=self.paths.root, attempt=attempt, last_step=last))
+            self._report(RepeatedCrash(root=self.paths.root, attempt=attempt, last_step=last,
+                                       command=self.name))
         elif end.why == "restart_limit":
             self._report(RestartLimitReached(limit=limit, last_step=last))
         self._finish(end.status)
