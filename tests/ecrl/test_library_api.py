@@ -324,6 +324,24 @@ def test_with_sample_ids_carries_ids_through_workers_and_collation() -> None:
         assert x[:, 0].tolist() == [float(i) for i in ids]  # each ID rode with its own sample
 
 
+def test_a_loaders_own_collate_fn_gets_items_and_the_ids_ride_beside(tmp_path: Path) -> None:
+    """A custom collate_fn under WithSampleIds received (id, item) pairs and failed inside a
+    worker (issue 25, item 7): WithSampleIds.collate gives it the items."""
+    def as_dict(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return {"x": torch.stack([x for x, _ in items]), "y": torch.stack([y for _, y in items])}
+
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=4, steps=3)
+    loader = DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler, num_workers=2,
+                        collate_fn=ecrl.WithSampleIds.collate(as_dict))
+    geometry = semantics.Geometry(dataset_size=64, global_batch=8)
+    for step, (ids, batch) in enumerate(loader):
+        assert ids.dtype == torch.long
+        assert ids.tolist() == semantics.shard(geometry, 4, step, 0, 1).tolist()
+        assert batch["x"][:, 0].tolist() == [float(i) for i in ids]
+    with pytest.raises(TypeError, match="needs a function"):
+        ecrl.WithSampleIds.collate("stack")  # type: ignore[arg-type]
+
+
 def test_checkpointer_refuses_non_stateful_values_and_the_reserved_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no state_dict/load_state_dict"):
         ecrl.Checkpointer({"x": 3}, run_dir=tmp_path)

@@ -5,13 +5,18 @@ default collation a batch becomes ``(ids, batch)`` with ``ids`` a ``LongTensor``
 the sampler chose, in batch order. The step log records those IDs: the IDs that reached the step,
 not IDs recomputed from the step number (which would make the log agree with the sampler by
 construction, and a loader that loses, repeats or reorders data would go unnoticed).
+
+A loader with a ``collate_fn`` of its own would hand it ``(id, item)`` pairs it does not expect:
+``collate_fn=WithSampleIds.collate(my_collate)`` gives it the items and puts the IDs beside its
+result, ``(ids, my_collate(items))``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import torch
 from torch.utils.data import Dataset
 
 __all__ = ["WithSampleIds"]
@@ -39,8 +44,30 @@ class WithSampleIds(Dataset[tuple[int, T]], Generic[T]):
             self.dataset[i] for i in indices]
         return [(int(i), item) for i, item in zip(indices, items, strict=True)]
 
+    @staticmethod
+    def collate(collate_fn: Callable[[list[Any]], Any]) -> Callable[[list[tuple[int, Any]]], Any]:
+        """A ``collate_fn`` for ``DataLoader`` that gives ``collate_fn`` the items of a batch of
+        ``(id, item)`` pairs and returns ``(ids, collate_fn(items))``, ``ids`` a ``LongTensor``
+        in batch order (what the default collation gives, with the caller's own collation)."""
+        if not callable(collate_fn):
+            raise TypeError(f"WithSampleIds.collate needs a function, got "
+                            f"{type(collate_fn).__name__}")
+        return _CollateWithIds(collate_fn)
+
     def __getattr__(self, name: str) -> Any:
         # Attributes of the wrapped data set (classes, transforms …) stay reachable.
         if name == "dataset":
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+
+class _CollateWithIds:
+    """A picklable collate function (loader workers may be spawned): the IDs apart, the items
+    to the caller's ``collate_fn``."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: list[tuple[int, Any]]) -> tuple[torch.Tensor, Any]:
+        ids = torch.tensor([pair[0] for pair in batch], dtype=torch.long)
+        return ids, self.collate_fn([pair[1] for pair in batch])
