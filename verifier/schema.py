@@ -16,6 +16,7 @@ from pathlib import Path
 from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError, SemanticsError
 from ecrl.contract.runformat import (
+    EPOCH_COVERAGES,
     CheckpointEvent,
     JsonlReader,
     LatestPointer,
@@ -32,8 +33,6 @@ from verifier.errors import Unusable
 __all__ = ["CheckpointRecord", "DeclaredGeometry", "RunInputs", "read_inputs", "torn_tail_ok",
            "EPOCH_COVERAGES"]
 
-EPOCH_COVERAGES = ("all", "drop_remainder")
-"""``sampler.epoch_coverage`` of an external sampler (docs/run-format.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

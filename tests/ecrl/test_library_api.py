@@ -314,6 +314,26 @@ def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) 
     assert record["sample_ids"] == list(range(8)) and record["loss"] == 0.5
 
 
+def test_an_external_sampler_may_declare_that_its_epochs_drop_a_remainder(tmp_path: Path
+                                                                           ) -> None:
+    """DistributedSampler(drop_last=True) with D % B != 0 failed an uninterrupted audit until
+    run.json said so; the keyword a user reaches for was a TypeError (issue 25, item 6)."""
+    log = ecrl.StepLog(tmp_path, sampler={"kind": "external",
+                                          "name": "torch.utils.data.DistributedSampler"},
+                       dataset_size=410, global_batch=20, steps=20,
+                       epoch_coverage="drop_remainder")
+    log.step(0, sample_ids=np.arange(20), epoch=0, cursor_step=0)
+    log.close()
+    manifest = read_json_record(tmp_path / "run.json", RunManifest)
+    assert manifest.sampler["epoch_coverage"] == "drop_remainder"
+    with pytest.raises(ConfigError, match="must be one of 'all', 'drop_remainder'"):
+        ecrl.StepLog(tmp_path / "b", sampler={"kind": "external", "name": "s"},
+                     dataset_size=410, global_batch=20, steps=20, epoch_coverage="most")
+    with pytest.raises(ConfigError, match="is for an external sampler"):
+        ecrl.StepLog(tmp_path / "c", sampler=ecrl.GlobalBatchSampler(64, 8), steps=8,
+                     epoch_coverage="all")
+
+
 def test_with_sample_ids_carries_ids_through_workers_and_collation() -> None:
     sampler = ecrl.GlobalBatchSampler(64, 8, seed=4, steps=3)
     batches = list(DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler,

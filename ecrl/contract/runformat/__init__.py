@@ -46,6 +46,7 @@ from ecrl.contract.runformat.jsonl import (
 )
 from ecrl.contract.runformat.layout import RunPaths, find_runs, is_run_dir
 from ecrl.contract.runformat.records import (
+    EPOCH_COVERAGES,
     SAMPLER_KINDS,
     SCHEMA_VERSION,
     STRATEGIES,
@@ -60,6 +61,7 @@ from ecrl.contract.runformat.records import (
 __all__ = [
     "SCHEMA_VERSION",
     "STRATEGIES",
+    "EPOCH_COVERAGES",
     "SAMPLER_KINDS",
     "RunManifest",
     "SupervisorAttempt",

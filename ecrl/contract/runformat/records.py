@@ -26,11 +26,14 @@ from ecrl.contract.runformat._record import (
 )
 from ecrl.contract.strategies import STRATEGIES
 
-__all__ = ["SCHEMA_VERSION", "STRATEGIES", "SAMPLER_KINDS", "RunManifest", "SupervisorAttempt",
-           "SupervisorState", "StepRecord", "CheckpointEvent", "LatestPointer"]
+__all__ = ["SCHEMA_VERSION", "STRATEGIES", "SAMPLER_KINDS", "EPOCH_COVERAGES", "RunManifest",
+           "SupervisorAttempt", "SupervisorState", "StepRecord", "CheckpointEvent",
+           "LatestPointer"]
 
 SAMPLER_KINDS = ("ecrl", "external")
 """``run.json`` ``sampler.kind``: ECRL's own order, or one the verifier can only audit."""
+EPOCH_COVERAGES = ("all", "drop_remainder")
+"""``sampler.epoch_coverage`` of an external sampler in ``run.json`` (docs/run-format.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,6 +35,7 @@ import numpy as np
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.contract.runformat import (
+    EPOCH_COVERAGES,
     SAMPLER_KINDS,
     JsonlWriter,
     RunManifest,
@@ -88,7 +89,10 @@ class StepLog:
     sample ID (else count and hash only). ``model``/``dataset``: names recorded in ``run.json``.
     ``steps_per_epoch``: with an external sampler, the loop's steps per epoch S when it is not
     ``dataset_size // global_batch`` (the records' epoch and cursor step must be
-    ``divmod(step, S)``). ``deterministic=False`` declares kernels that are not bit-reproducible
+    ``divmod(step, S)``). ``epoch_coverage``: with an external sampler, ``"drop_remainder"``
+    when its epochs may leave some IDs out (``DistributedSampler(drop_last=True)``, a loader's
+    ``drop_last`` with ``D % B != 0``; default ``"all"``, docs/run-format.md).
+    ``deterministic=False`` declares kernels that are not bit-reproducible
     (the verifier then compares replayed losses with a tolerance).
     """
 
@@ -97,7 +101,8 @@ class StepLog:
                  dataset_size: int | None = None, global_batch: int | None = None,
                  seed: int | None = None, log_ids: bool = True, model: str = "user-model",
                  dataset: str = "user-dataset", check_ids: bool = True,
-                 steps_per_epoch: int | None = None, deterministic: bool | None = None) -> None:
+                 steps_per_epoch: int | None = None, deterministic: bool | None = None,
+                 epoch_coverage: str | None = None) -> None:
         if isinstance(sampler, GlobalBatchSampler):
             given = {"dataset_size": dataset_size, "global_batch": global_batch, "seed": seed}
             mine = {"dataset_size": sampler.geometry.dataset_size,
@@ -123,6 +128,11 @@ class StepLog:
                                                global_batch=global_batch)
             self.seed = 0 if seed is None else int(seed)
             self.description = dict(sampler)
+            if epoch_coverage is not None:
+                if epoch_coverage not in EPOCH_COVERAGES:
+                    raise ConfigError(f"StepLog(epoch_coverage={epoch_coverage!r}) must be one of "
+                                      f"{', '.join(map(repr, EPOCH_COVERAGES))}")
+                self.description["epoch_coverage"] = epoch_coverage
             if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not
                                                 isinstance(steps_per_epoch, int)
                                                 or steps_per_epoch < 1):
@@ -131,6 +141,9 @@ class StepLog:
         else:
             raise ConfigError(f"StepLog(sampler=…) must be an ecrl.GlobalBatchSampler or a dict, "
                               f"got {type(sampler).__name__}")
+        if self.sampler is not None and epoch_coverage is not None:
+            raise ConfigError("StepLog(epoch_coverage=…) is for an external sampler: ECRL's "
+                              "sampler uses every step's window, leave it out")
         assert self.description["kind"] in SAMPLER_KINDS
         if self.sampler is not None and steps_per_epoch not in (
                 None, self.geometry.steps_per_epoch):
