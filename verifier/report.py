@@ -130,10 +130,19 @@ def _replayed(run: RunResult) -> list[str]:
 
 def _state(run: RunResult) -> list[str]:
     s = run.state
-    if s is None or not s.resumes_checked:
+    if s is None:
         return []
-    return [f"proved: {_plural(s.resumes_checked, 'resume')} restored every saved object with "
-            f"the digest it was saved with ({_plural(s.objects_compared, 'object')} compared)"]
+    lines = []
+    if s.resumes_checked:
+        lines.append(f"proved: {_plural(s.resumes_checked, 'resume')} restored every saved "
+                     f"object with the digest it was saved with "
+                     f"({_plural(s.objects_compared, 'object')} compared)")
+    if s.undigested:
+        attempts = ", ".join(map(str, s.undigested))
+        lines.append(f"not attested: the state loaded by {_plural(len(s.undigested), 'resume')} "
+                     f"(attempt {attempts}), whose checkpoints record no state digests "
+                     f"(written by {', '.join(s.undigested_strategies)}): not compared")
+    return lines
 
 
 def _same_order(run: RunResult) -> list[str]:

@@ -193,10 +193,17 @@ class StateCheck:
     objects_compared: int = 0
     unattested: tuple[int, ...] = ()
     """Attempts that resumed from a checkpoint with digests but wrote no ``restored.json``."""
+    undigested: tuple[int, ...] = ()
+    """Attempts that resumed from a checkpoint whose event records no digests (``sharded``,
+    ``sharded-async`` and ``jit`` write none): their loaded state was not compared."""
+    undigested_strategies: tuple[str, ...] = ()
+    """The strategies that wrote those checkpoints (sorted, once each)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"resumes_checked": self.resumes_checked,
-                "objects_compared": self.objects_compared, "unattested": list(self.unattested)}
+                "objects_compared": self.objects_compared, "unattested": list(self.unattested),
+                "undigested": list(self.undigested),
+                "undigested_strategies": list(self.undigested_strategies)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -36,6 +36,8 @@ class _Tally:
     resumes: int = 0
     objects: int = 0
     unattested: list[int] = field(default_factory=list)
+    undigested: list[int] = field(default_factory=list)
+    strategies: set[str] = field(default_factory=set)
 
 
 def _saved(inputs: RunInputs, writer: int | None, step: int) -> CheckpointRecord | None:
@@ -65,6 +67,8 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
             continue
         saved = _digests(record.event.extra.get("digests"))
         if saved is None:
+            tally.undigested.append(plan.attempt)
+            tally.strategies.add(record.event.strategy)
             continue
         k = plan.attempt
         event_file = inputs.rel(inputs.paths.checkpoint_log(record.attempt))
@@ -121,4 +125,5 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
                               message=f"attempt {k} restored objects the checkpoint did not "
                                       f"save: {', '.join(extra)}"))
     return StateCheck(resumes_checked=tally.resumes, objects_compared=tally.objects,
-                      unattested=tuple(tally.unattested))
+                      unattested=tuple(tally.unattested), undigested=tuple(tally.undigested),
+                      undigested_strategies=tuple(sorted(tally.strategies)))

@@ -23,11 +23,22 @@ def test_a_run_with_digests_passes_and_says_so(tmp_path: Path) -> None:
     assert json.loads(render_json(result))["runs"][0]["state"]["resumes_checked"] == 2
 
 
-def test_without_digests_nothing_is_claimed(tmp_path: Path) -> None:
-    result = verify(make_run(tmp_path / "run", **dict(STATE, digests=False)).root)
+def test_without_digests_nothing_is_claimed_and_the_pass_says_so(tmp_path: Path) -> None:
+    """A resume from a checkpoint without digests (sharded, sharded-async and jit write none)
+    is not attested, and the PASS text says which and why (issue 25, item 9)."""
+    result = verify(make_run(tmp_path / "run", **dict(STATE, digests=False,
+                                                      strategy="sharded")).root)
     assert_verdict(result, "PASS")
-    assert result.runs[0].state is not None and result.runs[0].state.resumes_checked == 0
-    assert "restored every saved object" not in render_text(result)
+    state = result.runs[0].state
+    assert state is not None and state.resumes_checked == 0
+    assert state.undigested == (1, 2) and state.undigested_strategies == ("sharded",)
+    text = render_text(result)
+    assert "restored every saved object" not in text
+    assert "not attested: the state loaded by 2 resumes (attempt 1, 2), whose checkpoints " \
+        "record no state digests (written by sharded): not compared" in text
+    assert json.loads(render_json(result))["runs"][0]["state"]["undigested"] == [1, 2]
+    with_digests = verify(make_run(tmp_path / "digests", **STATE).root)
+    assert "not attested" not in render_text(with_digests)
 
 
 def test_a_missing_restored_json_is_a_warning_not_a_proof(tmp_path: Path) -> None:
