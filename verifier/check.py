@@ -27,7 +27,9 @@ __all__ = ["verify", "verify_run", "Progress"]
 
 
 def _unknown(path: Path, reason: str) -> RunResult:
-    return RunResult(path=str(path), verdict="UNKNOWN", unknown=(reason,))
+    # Nothing was read, so no window was checked (an unusable audit run said true).
+    return RunResult(path=str(path), verdict="UNKNOWN", unknown=(reason,),
+                     windows_checked=False)
 
 
 def verify_run(path: str | Path, *, series: bool = False,

@@ -130,6 +130,9 @@ class ReplayTracker:
                 continue
             self.compared += 1
             rel = _rel(a, b)
+            if rel > 0:  # the largest difference of every compared step, divergent ones too
+                self.max_rel_diff = rel if self.max_rel_diff is None \
+                    else max(self.max_rel_diff, rel)
             if exact:
                 self.exact += 1
                 if a == b:
@@ -137,8 +140,6 @@ class ReplayTracker:
             else:
                 self.tolerant += 1
                 if rel <= self.tolerance:
-                    self.max_rel_diff = rel if self.max_rel_diff is None \
-                        else max(self.max_rel_diff, rel)
                     continue
             first, again = a_ranks[0], b_ranks[0]
             self.sink.add(Anomaly(

@@ -71,6 +71,10 @@ def test_a_tiny_difference_at_the_same_world_size_is_a_divergence(tmp_path: Path
     assert witness.related[0].attempt == 0 and witness.related[0].file is not None
     assert witness.expected != witness.actual
     assert f"resumed from the checkpoint at step {resume}" in explain(witness)
+    # the largest difference counts the divergent step (it was null beside them: issue 25, 8)
+    replay = result.runs[0].replay
+    assert replay is not None and replay.max_rel_diff is not None
+    assert replay.max_rel_diff == pytest.approx(1e-12, rel=0.5)
 
 
 def test_declared_nondeterminism_uses_the_tolerance_at_every_world_size(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,15 @@ def test_report_does_not_import_matplotlib_until_it_plots() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_run_that_cannot_be_read_claims_no_window_checked(tmp_path: Path) -> None:
+    """An unusable run (here: no supervisor.json) is UNKNOWN and says no window was checked
+    (an unusable audit run said windows_checked: true; issue 25, item 8)."""
+    from verifier import render_json, verify
+
+    run = make_run(tmp_path / "run", log_ids=False)
+    (run.root / "supervisor.json").unlink()
+    result = verify(run.root)
+    assert result.runs[0].verdict == "UNKNOWN" and result.runs[0].windows_checked is False
+    assert json.loads(render_json(result))["runs"][0]["windows_checked"] is False
