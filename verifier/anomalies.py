@@ -100,7 +100,7 @@ KINDS: Mapping[str, Kind] = {
              "external sampler: two ranks consumed the same sample at the same step"),
         Kind("replay_divergence", "replay",
              "a replayed step's global loss differs between the failed attempt and its "
-             "successor (the resume did not restore the training state)"),
+             "successor (the resume did not restore the training state or the data position)"),
         Kind("order_mismatch", "order",
              "with --same-order: the two runs consumed different global windows at a step"),
         Kind("state_digest_mismatch", "state",

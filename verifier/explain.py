@@ -265,12 +265,15 @@ def _epoch_hash_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
 def _replay_divergence(a: Anomaly, e: Mapping[str, Any]) -> str:
     why = ("bit-identical expected at the same world size" if e["exact"]
            else f"above the relative tolerance {e['tolerance']:g}")
+    cause = ("the state it loaded matched every saved digest, so the data it was given at the "
+             "resume (its position in the data order) or randomness outside the saved state "
+             "differs" if e.get("state_attested") else
+             "the resume did not restore the training state, or not the data position")
     return (f"step {a.step}: attempt {e['failed_attempt']} (world size "
             f"{e['failed_world_size']}) computed global loss {e['failed_loss']!r}; attempt "
             f"{a.attempt} (world size {e['world_size']}), resumed from the checkpoint at step "
             f"{e['resumed_from']}, computed {e['loss']!r} (relative difference "
-            f"{e['relative_difference']:.3g}, {why}): the resume did not restore the training "
-            "state")
+            f"{e['relative_difference']:.3g}, {why}): {cause}")
 
 
 def _order_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:

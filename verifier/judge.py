@@ -126,6 +126,13 @@ class Judge:
                 "unknown, so exactly-once cannot be proved from hashes; log sample IDs "
                 "(log_ids) to audit it")
         state = check_state(self.inputs, self.lineage, self.sink, self.notes, self.unknown)
+        divergent = self.sink.witnesses.get("replay_divergence")
+        if divergent and state.matched:
+            # The state loaded at the resume was proved equal to the saved one: a divergence
+            # then comes from the data or randomness outside the state, not from the restore.
+            self.sink.witnesses["replay_divergence"] = [
+                replace(a, evidence={**a.evidence, "state_attested": True})
+                if a.attempt in state.matched else a for a in divergent]
         unfinished = None if self.lineage.finished else self._unfinished(summaries)
         verdict, prefix_only = self._verdict(checked, unfinished)
         if unfinished is not None:

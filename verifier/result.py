@@ -198,6 +198,9 @@ class StateCheck:
     ``sharded-async`` and ``jit`` write none): their loaded state was not compared."""
     undigested_strategies: tuple[str, ...] = ()
     """The strategies that wrote those checkpoints (sorted, once each)."""
+    matched: tuple[int, ...] = ()
+    """Attempts whose loaded state matched every saved digest (not in the JSON: it explains a
+    replay divergence, see :func:`verifier.explain.explain`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"resumes_checked": self.resumes_checked,

@@ -38,6 +38,7 @@ class _Tally:
     unattested: list[int] = field(default_factory=list)
     undigested: list[int] = field(default_factory=list)
     strategies: set[str] = field(default_factory=set)
+    matched: list[int] = field(default_factory=list)
 
 
 def _saved(inputs: RunInputs, writer: int | None, step: int) -> CheckpointRecord | None:
@@ -105,20 +106,25 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
                              related=(saved_at,),
                              evidence={"form": "step", "loaded_step": step}))
             continue
+        differs = False
         for name in sorted(saved):
             tally.objects += 1
             if name not in restored:
+                differs = True
                 sink.add(Anomaly(kind="state_not_restored", file=rel, attempt=k, step=c,
                                  expected=f"{name} restored", actual="not restored",
                                  related=(saved_at,),
                                  evidence={"object": name, "saved": saved[name],
                                            "restored_objects": sorted(restored)}))
             elif restored[name] != saved[name]:
+                differs = True
                 sink.add(Anomaly(kind="state_digest_mismatch", file=rel, attempt=k, step=c,
                                  expected=saved[name], actual=restored[name],
                                  related=(saved_at,),
                                  evidence={"form": "object", "object": name,
                                            "saved": saved[name], "restored": restored[name]}))
+        if not differs:
+            tally.matched.append(k)
         extra = sorted(set(restored) - set(saved))
         if extra:
             notes.append(Note(kind="state", file=rel,
@@ -126,4 +132,5 @@ def check_state(inputs: RunInputs, lineage: Lineage, sink: AnomalySink, notes: l
                                       f"save: {', '.join(extra)}"))
     return StateCheck(resumes_checked=tally.resumes, objects_compared=tally.objects,
                       unattested=tuple(tally.unattested), undigested=tuple(tally.undigested),
-                      undigested_strategies=tuple(sorted(tally.strategies)))
+                      undigested_strategies=tuple(sorted(tally.strategies)),
+                      matched=tuple(tally.matched))

@@ -77,6 +77,22 @@ def test_a_tiny_difference_at_the_same_world_size_is_a_divergence(tmp_path: Path
     assert replay.max_rel_diff == pytest.approx(1e-12, rel=0.5)
 
 
+def test_a_divergence_after_an_attested_restore_blames_the_data_not_the_state(
+        tmp_path: Path) -> None:
+    """When the state digests prove the successor loaded exactly the saved state, the witness
+    does not say the resume failed to restore it (issue 25, item 8)."""
+    run = make_run(tmp_path / "run", **dict(SAME, digests=True)).root
+    _scale_replayed_loss(run, 1 + 1e-6)
+    result = verify(run)
+    assert_verdict(result, "FAIL", {"replay_divergence"}, exact=True)
+    said = explain(result.runs[0].anomalies[0])
+    assert "matched every saved digest" in said and "did not restore" not in said
+    plain = make_run(tmp_path / "plain", **SAME).root
+    _scale_replayed_loss(plain, 1 + 1e-6)
+    said = explain(verify(plain).runs[0].anomalies[0])
+    assert "did not restore the training state, or not the data position" in said
+
+
 def test_declared_nondeterminism_uses_the_tolerance_at_every_world_size(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", **SAME).root
     _scale_replayed_loss(run, 1 + 1e-3)
