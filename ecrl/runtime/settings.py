@@ -388,9 +388,15 @@ class SupervisorSettings:
         for w in self.world_sizes:
             if w % self.nnodes:
                 raise ConfigError(f"world size {w} is not divisible by --nnodes {self.nnodes}")
-        if self.fail_rank >= min(self.world_sizes):
-            raise ConfigError(f"--fail-rank {self.fail_rank} does not exist in an attempt of "
-                              f"world size {min(self.world_sizes)}")
+        # The j-th injected failure ends attempt j (as planned), which runs at world size
+        # world_sizes[j] (the last one repeats): the rank must exist there, not in every attempt.
+        for j in range(max(1, len(self.fail_at))):
+            size = self.world_sizes[min(j, len(self.world_sizes) - 1)]
+            if self.fail_rank >= size:
+                where = (f"attempt {j}, which injects failure {j + 1} of --fail-at"
+                         if self.fail_at else f"attempt {j}")
+                raise ConfigError(f"--fail-rank {self.fail_rank} does not exist in {where} "
+                                  f"(world size {size})")
         if any(f < 0 for f in self.fail_at):
             raise ConfigError("--fail-at steps must be non-negative")
         if not self.collective_timeout_s > 0:

@@ -51,12 +51,21 @@ def test_toml_errors(tmp_path: Path, text: str, message: str | None) -> None:
     ({"keep_checkpoints": 1}, "--keep-checkpoints must be an integer >= 2"),
     ({"steps": 5, "epochs": 1}, "--steps or --epochs"),
     ({"fail_rank": 2, "world_sizes": (2, 1)}, "--fail-rank 2 does not exist"),
+    ({"fail_rank": 1, "world_sizes": (2, 1), "fail_at": (3, 6)},
+     "--fail-rank 1 does not exist in attempt 1, which injects failure 2 of --fail-at"),
     ({"nnodes": 2, "world_sizes": (4,)}, "--rdzv-endpoint"),
 ])
 def test_validation(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         RunConfig(out="o", **fields)  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
+
+
+def test_a_failure_rank_needs_to_exist_only_where_the_failure_is_planned() -> None:
+    """--fail-rank 1 with --world-sizes 2,1: the one planned failure ends attempt 0, at world
+    size 2; it was refused because attempt 1 has one rank (issue 25, item 8)."""
+    config = RunConfig(out="o", fail_rank=1, world_sizes=(2, 1), fail_at=(5,))
+    assert config.fail_rank == 1
 
 
 def test_target_steps_and_failures_inside_the_run() -> None:
