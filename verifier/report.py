@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,8 @@ def _seconds(value: float | None) -> str:
 def _join(run: RunResult, file: str | None) -> str | None:
     if file is None:
         return None
+    if Path(file).is_absolute():  # another run's file (--same-order): from where we stand
+        return os.path.relpath(file)
     return str(Path(run.path) / file)
 
 

@@ -82,7 +82,9 @@ def _witness(run: RunResult, other: RunResult, step: int, total: int,
         only_there = sorted(ids_there - ids_here)
         sample_ids = tuple((only_here or only_there)[:8])
     head = here[0] if here else None
-    related = tuple(Location(file=str(Path(other.path) / loc.file) if loc.file else None,
+    # Absolute: the report joins a witness's files to the run's own path, and a relative path
+    # of the other run would land under it.
+    related = tuple(Location(file=str(Path(other.path).resolve() / loc.file) if loc.file else None,
                              line=loc.line, attempt=loc.attempt, step=step, rank=loc.rank)
                     for loc, _ in there[:1])
     return Anomaly(

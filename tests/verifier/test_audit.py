@@ -114,6 +114,23 @@ def test_same_order_finds_the_first_differing_step_across_world_sizes(tmp_path: 
     assert witness.step == 13 and result.runs[0].same_order.first_difference == 13  # type: ignore
     assert witness.related and witness.related[0].file is not None
 
+    # Given relative to the working directory, the other run's file is shown where it is, not
+    # under the first run's path (issue 25, item 8).
+    import os
+
+    from verifier import render_text
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        text = render_text(verify("a", same_order="b"))
+    finally:
+        os.chdir(here)
+    shown = [line.strip()[4:].rsplit(":", 1)[0] for line in text.splitlines()
+             if line.strip().startswith("and ")]
+    # shown relative to the working directory the command ran in
+    assert shown and all((tmp_path / f).resolve().is_relative_to(b.resolve())
+                         and (tmp_path / f).is_file() for f in shown), shown
+
 
 @pytest.mark.parametrize("coverage", ["most", 3])
 def test_an_unknown_epoch_coverage_is_unknown(tmp_path: Path, coverage: object) -> None:
