@@ -267,3 +267,16 @@ def test_seed_all_sets_the_generators_as_their_own_seeding_does(seed: int) -> No
     seed_all(seed)
     got = (random.random(), np.random.random(), torch.rand(4))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_a_rescue_after_torchrun_stopped_the_loaders_workers_names_the_peer() -> None:
+    """torchrun's SIGTERM (a peer exited) can reach a rank's DataLoader workers before the rank:
+    the loader then raises "DataLoader worker (pid N) is killed by signal: Terminated", and the
+    rescue said only that (issue 25, item 8)."""
+    from ecrl.runtime.checkpoint.jit import rescue_reason
+
+    worker = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+    assert rescue_reason(worker) == ("torchrun's termination signal (a peer exited), which "
+                                     "stopped this rank's DataLoader workers first")
+    gloo = RuntimeError("Connection closed by peer [127.0.0.1]:123. Check the other rank. 😱")
+    assert rescue_reason(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:123"

@@ -65,7 +65,7 @@ from ecrl.runtime.checkpoint.deadline import (
     estimate_ckpt_s,
     resolve_deadline,
 )
-from ecrl.runtime.checkpoint.jit import JitCheckpoints, exit_after_rescue
+from ecrl.runtime.checkpoint.jit import JitCheckpoints, exit_after_rescue, rescue_reason
 from ecrl.runtime.checkpoint.persist import (
     checkpoint_in,
     checkpoint_name,
@@ -576,9 +576,7 @@ class Checkpointer:
             return
         if self._watchdog is not None:
             self._watchdog.stop()
-        line = " ".join(f"{type(exc).__name__}: {exc}".split())
-        # gloo's messages go on with advice and an emoji: the first sentence says what happened.
-        exit_after_rescue(self._jit, line.split(". ")[0][:200])
+        exit_after_rescue(self._jit, rescue_reason(exc))
 
     def close(self) -> None:
         """Make every checkpoint taken so far durable (the end of the attempt)."""

@@ -446,7 +446,7 @@ class JitCheckpoints(BlockingCheckpoints):
         if self._defer:
             self._term_pending = True  # never cut an update or a commit in half: raise later
             return
-        raise PeerLost("torchrun's termination signal (a peer exited)")
+        raise PeerLost(_PEER_EXITED)
 
     def step_completed(self, step: int) -> None:
         """The boundary of ``step`` (its update and record are done)."""
@@ -461,7 +461,7 @@ class JitCheckpoints(BlockingCheckpoints):
         self._defer = False
         if self._term_pending:
             self._term_pending = False
-            raise PeerLost("torchrun's termination signal (a peer exited)")
+            raise PeerLost(_PEER_EXITED)
 
     def close(self) -> None:
         if self._pipeline is not None:
@@ -567,6 +567,21 @@ class JitCheckpoints(BlockingCheckpoints):
                 events.close()
         finally:
             buffer.close()
+
+
+_PEER_EXITED = "torchrun's termination signal (a peer exited)"
+
+
+def rescue_reason(exc: BaseException) -> str:
+    """What a rescue says ended the loop: the exception's first sentence (gloo's messages go
+    on with advice), or, when torchrun's SIGTERM reached this rank's DataLoader workers before
+    the rank itself (the loader then reports "DataLoader worker (pid N) is killed by signal:
+    Terminated"), the signal and why it was sent."""
+    line = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if isinstance(exc, RuntimeError) and "DataLoader worker (pid" in line \
+            and "killed by signal: Terminated" in line:
+        return f"{_PEER_EXITED}, which stopped this rank's DataLoader workers first"
+    return line.split(". ")[0][:200]
 
 
 def exit_after_rescue(strategy: JitCheckpoints, reason: str, *, code: int = JIT_EXIT_CODE,
