@@ -274,12 +274,37 @@ def _last_error(lines: list[str], rank: int | None) -> RankError | None:
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
     for start in reversed(starts):
         where = None
-        for line in lines[start + 1:]:
+        for at, line in enumerate(lines[start + 1:], start + 1):
             if line.startswith("  File ") and (where is None or not any(
                     lib in line for lib in ("site-packages", "<frozen", "/lib/python"))):
                 where = line.strip()  # the innermost frame of our (or the user's) own code
             elif line and not line[0].isspace():
                 if any(name in line.split(":", 1)[0] for name in _LAUNCHER_ERRORS):
                     break  # torchrun's own traceback: it says nothing of the cause
+                worker = _IN_WORKER.search(line)
+                if worker is not None:
+                    inner = _worker_error(lines[at:], worker.group(1))
+                    if inner is not None:
+                        return RankError(rank=rank, exception=inner[0], where=inner[1] or where)
                 return RankError(rank=rank, exception=line.strip(), where=where)
+    return None
+
+
+_IN_WORKER = re.compile(r"Caught \w+ in (DataLoader worker process \d+)")
+
+
+def _worker_error(lines: list[str], worker: str) -> tuple[str, str | None] | None:
+    """The real error of a ``DataLoader`` worker, from the "Original Traceback" that torch puts
+    in the message it re-raises (whose own first line names only the type and the worker)."""
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith("Original Traceback"))
+    except StopIteration:
+        return None
+    where = None
+    for line in lines[start + 1:]:
+        if line.startswith("  File ") and (where is None or not any(
+                lib in line for lib in ("site-packages", "<frozen", "/lib/python"))):
+            where = line.strip()
+        elif line and not line[0].isspace():
+            return f"{line.strip()} (in {worker})", where
     return None

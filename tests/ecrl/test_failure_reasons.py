@@ -42,6 +42,31 @@ def test_the_root_cause_ranks_own_exception_comes_first() -> None:
     assert errors[0].where is not None and "datasets.py" in errors[0].where
 
 
+WORKER_LOG = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/x/train.py", line 40, in <module>
+[rank0]:     for step, (ids, batch) in zip(range(start, steps), loader):
+[rank0]:   File "/v/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1502, in x
+[rank0]:     data.reraise()
+[rank0]: TypeError: Caught TypeError in DataLoader worker process 0.
+[rank0]: Original Traceback (most recent call last):
+[rank0]:   File "/v/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 349, in w
+[rank0]:     data = fetcher.fetch(index)
+[rank0]:   File "/x/train.py", line 12, in my_collate
+[rank0]:     return torch.stack([x for x, _ in items])
+[rank0]: TypeError: expected Tensor as element 0 in argument 0, but got int
+"""
+
+
+def test_a_loader_workers_error_is_its_own_not_the_wrapper_line() -> None:
+    """A collate_fn failing inside a worker: the one line names the worker's real error and
+    where, not "Caught TypeError in DataLoader worker process 0." (issue 25, item 7)."""
+    error = rank_errors(WORKER_LOG)[0]
+    assert error.exception == ("TypeError: expected Tensor as element 0 in argument 0, but got "
+                               "int (in DataLoader worker process 0)")
+    assert error.where is not None and "my_collate" in error.where
+
+
 def test_the_ranks_own_report_wins_and_a_log_without_errors_has_none() -> None:
     log = "[rank0]: Traceback (most recent call last):\n[rank0]: ValueError: x\n" \
           "ecrl trainer (rank 0): error: the dataset now has 3 samples\n"
