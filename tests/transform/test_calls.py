@@ -243,3 +243,39 @@ def test_a_hint_in_a_function_called_per_epoch_is_a_checkpoint_of_the_caller() -
         cwd=path.parent, capture_output=True, text=True, timeout=120, check=True).stdout)
     assert data["call_stacks"][str(batch_hint)][0]["function"] == "main"
     assert str(max(h.id for h in result.hints)) not in data["call_stacks"]
+
+
+NESTED_HOSTS = """\
+from transform import _checkpoint
+
+
+def main():
+    total = []
+
+    def step(e, i):
+        for k in range(2):
+            total.append(e * 100 + i * 10 + k)
+            _checkpoint()
+
+    def epoch(e):
+        for i in range(2):
+            step(e, i)
+
+    for e in range(3):
+        epoch(e)
+    print(sum(total), len(total))
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["3", "7"])
+def test_hosts_that_are_nested_functions_resume_into_the_saved_step(tmp_path: Path,
+                                                                     kill_at: str) -> None:
+    """step() hosted by epoch(), itself a nested function hosted by main(): a save checks each
+    frame's caller by name, which Python spells main.<locals>.epoch."""
+    from test_runtime import original_output, prepare, resume_after
+
+    original, program, env = prepare(tmp_path, NESTED_HOSTS, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)

@@ -560,7 +560,9 @@ def _caller_frames(program: Program, frame: types.FrameType, info: HintSpec
     at = frame
     for spec in reversed(info.outer):
         caller = at.f_back
-        if caller is None or caller.f_code.co_qualname != spec.function:
+        # The plan names nested functions as the source does (``main.epoch``), Python as
+        # ``main.<locals>.epoch``.
+        if caller is None or caller.f_code.co_qualname.replace("<locals>.", "") != spec.function:
             raise CheckpointError(
                 f"{program.where(info.line)}: this checkpoint's function was not called "
                 f"directly by {spec.function}() (found "
