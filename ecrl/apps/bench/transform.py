@@ -140,14 +140,33 @@ def _source(case: str) -> str:
         encoding="utf-8")
 
 
-def _variant(root: Path, epochs: int) -> Path:
-    """The fixture with another epoch count (and the matching ``_iterations``)."""
-    source = _source(FIXTURE)
-    source = source.replace("_iterations: 5\n", f"_iterations: {epochs}\n")
-    source = source.replace("epochs=5)", f"epochs={epochs})")
-    path = root / f"original_{epochs}.py"
-    path.write_text(source)
-    return path
+_EPOCH_TEXT: dict[str, tuple[tuple[str, str], ...]] = {
+    FIXTURE: (("_iterations: 5\n", "_iterations: {}\n"), ("epochs=5)", "epochs={})")),
+    VIEWS_FIXTURE: (("            _iterations: 2\n", "            _iterations: {}\n"),
+                    ("net.SGD(training_data, 2,", "net.SGD(training_data, {},")),
+    CALL_STACK_FIXTURE: (("default=8)", "default={})"),
+                         ("        _iterations: 8\n", "        _iterations: {}\n")),
+}
+"""Per fixture, the text that sets its epoch count (and its loop's ``_iterations``), and what it
+becomes for another count."""
+
+
+def _variant_of(fixture: str) -> Callable[[Path, int], Path]:
+    """Writes ``fixture`` with another epoch count into a directory."""
+
+    def write(root: Path, epochs: int) -> Path:
+        source = _source(fixture)
+        for old, new in _EPOCH_TEXT[fixture]:
+            assert old in source, (fixture, old)
+            source = source.replace(old, new.format(epochs))
+        path = root / f"original_{epochs}.py"
+        path.write_text(source)
+        return path
+
+    return write
+
+
+_variant = _variant_of(FIXTURE)
 
 
 def _transform(src: Path, out: Path, *args: str) -> Path:
@@ -448,31 +467,11 @@ def views_benchmark(root: Path, *, quick: bool, progress: Progress
     return rows + step_rows, targets + step_targets
 
 
-def _views_variant(root: Path, epochs: int) -> Path:
-    source = _source(VIEWS_FIXTURE)
-    source = source.replace("            _iterations: 2\n", f"            _iterations: {epochs}\n")
-    source = source.replace("net.SGD(training_data, 2,", f"net.SGD(training_data, {epochs},")
-    path = root / f"original_{epochs}.py"
-    path.write_text(source)
-    return path
-
-
 def _views_fixture_rows(root: Path, *, repeats: int, quick: bool, progress: Progress
                         ) -> tuple[list[BenchRow], list[Target]]:
-    return _per_step_rows(root, VIEWS_FIXTURE, _views_variant, VIEWS_STEPS_PER_EPOCH,
+    return _per_step_rows(root, VIEWS_FIXTURE, _variant_of(VIEWS_FIXTURE), VIEWS_STEPS_PER_EPOCH,
                           (1, 2) if quick else (2, 4), repeats=repeats, progress=progress,
                           scheduled_note="the schedule's saves (checkpoint_params of Network.SGD)")
-
-
-def _call_stack_variant(root: Path, epochs: int) -> Path:
-    source = _source(CALL_STACK_FIXTURE)
-    for old, new in (("default=8)", f"default={epochs})"),
-                     ("        _iterations: 8\n", f"        _iterations: {epochs}\n")):
-        assert old in source, old
-        source = source.replace(old, new)
-    path = root / f"original_{epochs}.py"
-    path.write_text(source)
-    return path
 
 
 def call_stack_benchmark(root: Path, *, quick: bool, progress: Progress
@@ -480,7 +479,7 @@ def call_stack_benchmark(root: Path, *, quick: bool, progress: Progress
     """The call-stack rows (issue 30): ``mnist-hints-in-both``, whose batch-loop hint is in
     ``train()`` called per epoch by ``main()`` (a save holds both frames), per training step
     with every hint a checkpoint and with the scheduled ones, against the original."""
-    return _per_step_rows(root, CALL_STACK_FIXTURE, _call_stack_variant,
+    return _per_step_rows(root, CALL_STACK_FIXTURE, _variant_of(CALL_STACK_FIXTURE),
                           CALL_STACK_STEPS_PER_EPOCH, (2, 4) if quick else (3, 6),
                           repeats=1 if quick else 3, progress=progress,
                           scheduled_note="the schedule's saves (checkpoint_params of main)")
