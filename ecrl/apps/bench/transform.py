@@ -142,8 +142,8 @@ def _source(case: str) -> str:
 
 _EPOCH_TEXT: dict[str, tuple[tuple[str, str], ...]] = {
     FIXTURE: (("_iterations: 5\n", "_iterations: {}\n"), ("epochs=5)", "epochs={})")),
-    VIEWS_FIXTURE: (("            _iterations: 2\n", "            _iterations: {}\n"),
-                    ("net.SGD(training_data, 2,", "net.SGD(training_data, {},")),
+    VIEWS_FIXTURE: (("            _iterations: 6\n", "            _iterations: {}\n"),
+                    ("net.SGD(training_data, 6,", "net.SGD(training_data, {},")),
     CALL_STACK_FIXTURE: (("default=8)", "default={})"),
                          ("        _iterations: 8\n", "        _iterations: {}\n")),
 }
