@@ -103,9 +103,10 @@ class Program:
         counts as part of it, see :mod:`transform._hosting`)."""
         activation = self.active.get(region)
         if activation is None:
+            # No line: this frame's numbers are the generated program's, not the original's.
             code = sys._getframe(1).f_code
             raise CheckpointError(
-                f"{self.where(code.co_firstlineno)}: {code.co_qualname}() holds checkpoints of "
+                f"{self.plan.original or self.file}: {code.co_qualname}() holds checkpoints of "
                 f"{region}() and runs only when {region}() calls it; it was called before "
                 f"{region}() started (transform the program again if it changed)")
         return activation

@@ -221,9 +221,10 @@ def _event_files(log_dir: Path) -> dict[str, int]:
 def _reduce_summary_writer(writer: Any) -> Any:
     writer.flush()
     log_dir = Path(writer.log_dir).resolve()
-    for name in _event_files(log_dir):
+    files = _event_files(log_dir)  # flushed: these sizes are final
+    for name in files:
         _fsync(log_dir / name)
-    return _summary_writer, (type(writer), str(log_dir), _event_files(log_dir),
+    return _summary_writer, (type(writer), str(log_dir), files,
                              writer.max_queue, writer.flush_secs, writer.filename_suffix)
 
 
@@ -231,7 +232,8 @@ def _summary_writer(cls: Any, log_dir: str, files: dict[str, int], max_queue: in
                     flush_secs: int, filename_suffix: str) -> Any:
     """The writer re-opened on its directory once the events logged after the save are gone."""
     directory = Path(log_dir)
-    for name, size in _event_files(directory).items():
+    present = _event_files(directory)
+    for name, size in present.items():
         path = directory / name
         if name not in files:
             path.unlink()  # written after the checkpoint, by the attempt that was killed
@@ -240,7 +242,7 @@ def _summary_writer(cls: Any, log_dir: str, files: dict[str, int], max_queue: in
                                   "the checkpoint; the events logged before it are lost")
         elif size > files[name]:
             os.truncate(path, files[name])
-    missing = sorted(set(files) - set(_event_files(directory)))
+    missing = sorted(set(files) - set(present))  # what was unlinked was never in files
     if missing:
         raise CheckpointError(f"cannot resume: the event file {directory / missing[0]} of a "
                               "SummaryWriter saved at the checkpoint is gone")
