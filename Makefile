@@ -11,7 +11,7 @@ TORCH  := torch==2.14.1 torchvision==0.29.1
 # from a clean clone: 3 workers 18 min 10 s, 2 workers (-n auto) 19 min 06 s.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup demo test test-long lint typecheck bench clean
+.PHONY: setup demo test test-long test-gpu lint typecheck bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,19 @@ typecheck: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=20
+
+# On a CUDA machine: the gpu-marked tests and the drawn failure schedules (hypothesis profile
+# `gpu`, tests/integration/test_gpu_schedules.py), one worker per checkpoint strategy. A GPU
+# runner whose image already holds torch runs it without the .venv: `make test-gpu
+# GPU_PYTHON=python3` (the project on PYTHONPATH, its other dependencies installed). Without CUDA
+# it refuses in one line. Deterministic cuBLAS needs its workspace setting before CUDA starts.
+GPU_PYTHON ?=
+GPU_PY      = $(if $(GPU_PYTHON),$(GPU_PYTHON),$(BIN)/python)
+GPU_WORKERS ?= 6
+
+test-gpu: $(if $(GPU_PYTHON),,$(STAMP))
+	@$(GPU_PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "make test-gpu: no CUDA device here (torch " + torch.__version__ + " sees none); run it on a machine with a GPU")'
+	CUBLAS_WORKSPACE_CONFIG=:4096:8 HYPOTHESIS_PROFILE=gpu $(GPU_PY) -m pytest -m gpu -n $(GPU_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # Thousands of hypothesis examples and the long integration runs.
 test-long: $(STAMP)

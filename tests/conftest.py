@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
-# ci: derandomized and small enough for `make test`; long: `make test-long`.
+# ci: derandomized and small enough for `make test`; long: `make test-long`; gpu: `make
+# test-gpu`'s drawn failure schedules, each a real run of 2-3 attempts (about 25 s on a GPU
+# machine): 4 per strategy, the strategies in parallel, within 6 minutes on one GPU. No
+# shrinking there: a failing schedule is reported as drawn rather than re-run for minutes.
 settings.register_profile(
     "ci", max_examples=60, derandomize=True, print_blob=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -15,6 +18,10 @@ settings.register_profile(
 settings.register_profile(
     "long", max_examples=2000, print_blob=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "gpu", max_examples=4, derandomize=True, print_blob=True, deadline=None, database=None,
+    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -58,3 +58,49 @@ def test_the_torch_free_parameter_count_is_the_models_own(name: str, classes: in
         model = build_model(name, num_classes=classes, side=side)
     count = sum(p.numel() for p in model.parameters())
     assert TrainerSettings(model=name, image_size=side).model_parameters(classes) == count
+
+
+# Modules whose CUDA backward has no deterministic kernel: under the deterministic algorithms
+# every run sets, the first backward on a GPU raises (torch.use_deterministic_algorithms' list).
+_NO_DETERMINISTIC_CUDA_BACKWARD = (
+    torch.nn.AdaptiveAvgPool2d, torch.nn.AdaptiveAvgPool3d, torch.nn.AdaptiveMaxPool2d,
+    torch.nn.AvgPool3d, torch.nn.MaxPool3d, torch.nn.FractionalMaxPool2d,
+    torch.nn.FractionalMaxPool3d, torch.nn.ReflectionPad1d, torch.nn.ReflectionPad2d,
+    torch.nn.ReflectionPad3d)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_can_train_deterministically_on_a_gpu(name: str) -> None:
+    model = build_model(name, num_classes=10)
+    assert not [m for m in model.modules() if isinstance(m, _NO_DETERMINISTIC_CUDA_BACKWARD)]
+
+
+def test_resnet_global_pooling_computes_torchvisions_average() -> None:
+    from torchvision import models
+
+    torch.manual_seed(0)
+    ours = build_model("resnet18", num_classes=10).eval()
+    torch.manual_seed(0)
+    theirs = models.resnet18(weights=None, num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(ours(x), theirs(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_trains_a_step_on_cuda_under_deterministic_algorithms(name: str) -> None:
+    import torch.nn.functional as F
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            model = build_model(name, num_classes=10).cuda().train()
+            x = torch.randn(4, 3, 32, 32, device="cuda")
+            F.cross_entropy(model(x), torch.arange(4, device="cuda")).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        assert torch.equal(grads[0], grads[1])  # bit-identical: the algorithms are deterministic
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -126,8 +126,21 @@ def machine_line() -> str:
         torch_version = "absent"
     return (
         f"{platform.system()} {platform.machine()}, {cpus} CPU cores, Python "
-        f"{platform.python_version()}, torch {torch_version}"
+        f"{platform.python_version()}, torch {torch_version}{_gpu_words()}"
     )
+
+
+def _gpu_words() -> str:
+    """``, GPU <name> (CUDA <version>)`` where torch sees one: a figure measured on a GPU names
+    its card."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        return f", GPU {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    except ImportError:
+        return ""
 
 
 def write_docs_section(path: str | os.PathLike[str], result: BenchResult) -> None:

@@ -75,7 +75,17 @@ class _Case:
         return WARMUP_STEPS, WARMUP_STEPS + self.every * self.intervals
 
 
-def _cases(quick: bool) -> list[_Case]:
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _cases(quick: bool, cuda: bool = False) -> list[_Case]:
+    if cuda:
+        # On a GPU the steps take milliseconds at the CPU's batch sizes: ResNet-50 (the model the
+        # pipelined copy is for) at a batch that keeps the device busy, two repeats of each.
+        return [_Case(model="resnet50", global_batch=128, every=50, intervals=3, repeats=2)]
     if quick:
         return [_Case(model="tiny-cnn", global_batch=32, every=10, intervals=2, repeats=1)]
     # The tiny CNN's steps take milliseconds, so whole-run speed swings of a shared VM dominate
@@ -180,8 +190,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     rows: list[BenchRow] = []
     targets: list[Target] = []
     root = Path(tempfile.mkdtemp(prefix="ecrl-bench-checkpoint-"))
+    cuda = _cuda()
     try:
-        for case in _cases(quick):
+        for case in _cases(quick, cuda):
             # Interleaved, so that a burst of load from elsewhere hits every strategy alike.
             order = ["none", "overlapped", "blocking", "jit"] + \
                 ["none", "overlapped", "jit"] * (case.repeats - 1)
@@ -245,23 +256,39 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"{case.model}: jit >= {JIT_TARGET:.0%} of the no-checkpoint "
                             "throughput",
                 measured=f"{j_share:.1%}", met=j_share >= JIT_TARGET))
-            _sharded_rows(root, case, runs, progress, rows, targets)
+            if not cuda:  # one GPU cannot give 2 ranks a device each: sharded rows are the CPU's
+                _sharded_rows(root, case, runs, progress, rows, targets)
             for group in runs.values():
                 for paths in group:
                     shutil.rmtree(paths.root, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return BenchResult(
-        name="checkpoint", command=command_line(), rows=rows, targets=targets,
-        notes=[
-            "each cell comes from a real `ecrl run` (torchrun, trainer, fsync) of the same seed, "
-            "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
-            f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
-            "number of checkpoints in every run)",
-            "runs of none, overlapped and jit interleaved (" + ", ".join(
-                f"{c.model} {c.repeats}×, {c.intervals} checkpoints measured" for c in
-                _cases(quick)) + "); throughput is the best of the runs, stall the median "
-            "over all checkpoints",
+    return BenchResult(name="checkpoint-cuda" if cuda else "checkpoint", command=command_line(),
+                       rows=rows, targets=targets, notes=_notes(quick, cuda))
+
+
+def _notes(quick: bool, cuda: bool) -> list[str]:
+    common = [
+        "each cell comes from a real `ecrl run` (torchrun, trainer, fsync) of the same seed, "
+        "data and steps; stall = checkpoint event stall_s, throughput from step-record times "
+        f"over steps {WARMUP_STEPS}..{WARMUP_STEPS}+intervals·K (warm-up excluded, the same "
+        "number of checkpoints in every run)",
+        "runs of none, overlapped and jit interleaved (" + ", ".join(
+            f"{c.model} {c.repeats}×, {c.intervals} checkpoints measured" for c in
+            _cases(quick, cuda)) + "); throughput is the best of the runs, stall the median "
+        "over all checkpoints",
+        "overlapped stall = the boundary (RNG gather, header, buffers, small objects) plus "
+        "the next optimizer step's wait for the pipelined copy of parameters and optimizer "
+        "state (ecrl.runtime.checkpoint.pipeline); the copy itself runs under the next "
+        "forward and backward pass",
+    ]
+    if cuda:
+        return [*common,
+                "on CUDA: one rank on the GPU (nccl), --threads 1, fake data generated on the "
+                "CPU from sample IDs at 32×32 px, D=50000, max-inflight 2; the overlapped copy "
+                "goes device-to-host on a side stream into pinned memory; no sharded rows (their "
+                "2-rank runs would share the one GPU; the CPU section has them)"]
+    return [*common,
             "one rank, one torch thread per run (--threads 1), so that the background writer "
             "has a core of its own on a 2-core machine, as it would next to a GPU; "
             "max-inflight 2; fake data, D=50000",
@@ -269,20 +296,14 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
             "(torch.distributed.checkpoint, every rank writes its part) beside blocking and "
             "overlapped, at 1 rank (the runs above) and at 2 ranks (one run of each); write = "
             "write_s of the checkpoint events (for blocking the file's write and publication, "
-            "for sharded every rank's part, DCP's metadata, checksums and the commit); the 2-rank "
-            "write row compares the time until the checkpoint is durable, publication excluded "
-            "on both sides",
-            "overlapped stall = the boundary (RNG gather, header, buffers, small objects) plus "
-            "the next optimizer step's wait for the pipelined copy of parameters and optimizer "
-            "state (ecrl.runtime.checkpoint.pipeline); the copy itself runs under the next "
-            "forward and backward pass",
-            "where other processes keep cores busy (the figure in each throughput row), they take "
-            "the writer's core and the throughput ratios measure that load more than ECRL: an "
-            "overlapped run faster than the run without checkpoints is such noise; the stall rows "
-            "are robust to it. Full run: about 15 minutes on the 2-core machine; --quick (tiny "
-            "CNN only) about 35 s",
-        ])
-
+            "for sharded every rank's part, DCP's metadata, checksums and the commit); the "
+            "2-rank write row compares the time until the checkpoint is durable, publication "
+            "excluded on both sides",
+            "where other processes keep cores busy (the figure in each throughput row), they "
+            "take the writer's core and the throughput ratios measure that load more than "
+            "ECRL: an overlapped run faster than the run without checkpoints is such noise; the "
+            "stall rows are robust to it. Full run: about 15 minutes on the 2-core machine; "
+            "--quick (tiny CNN only) about 35 s"]
 
 SHARDED_WRITE_TARGET = 0.6
 """At 2 ranks, a sharded checkpoint's write time vs rank 0 writing it all (each writes half)."""

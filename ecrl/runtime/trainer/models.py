@@ -8,8 +8,16 @@ from torch import nn
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.runconfig import MODELS
 
-__all__ = ["MODELS", "TinyCNN", "build_model"]
+__all__ = ["MODELS", "GlobalMeanPool", "TinyCNN", "build_model"]
 
+
+class GlobalMeanPool(nn.Module):
+    """The mean over the spatial dimensions: what torchvision's ``AdaptiveAvgPool2d((1, 1))``
+    computes, through an op with a deterministic backward on CUDA (adaptive pooling's raises
+    under ``torch.use_deterministic_algorithms(True)``, which every run sets)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3), keepdim=True)
 
 
 class TinyCNN(nn.Module):
@@ -40,5 +48,7 @@ def build_model(name: str, *, num_classes: int, side: int = 32) -> nn.Module:
         from torchvision import models
 
         factory = models.resnet18 if name == "resnet18" else models.resnet50
-        return factory(weights=None, num_classes=num_classes)
+        model = factory(weights=None, num_classes=num_classes)
+        model.avgpool = GlobalMeanPool()
+        return model
     raise ConfigError(f"unknown --model {name!r}: choose one of {', '.join(MODELS)}")

@@ -55,6 +55,7 @@ from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.steplog import StepLog
 from ecrl.runtime.trainer.datasets import build_dataset
 from ecrl.runtime.trainer.models import build_model
+from ecrl.runtime.trainer.placement import choose_placement
 
 __all__ = ["FINAL_DIR", "Trainer", "main", "params_digest"]
 
@@ -93,14 +94,13 @@ class Trainer:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
-        timeout = timedelta(seconds=self.config.supervisor.collective_timeout_s)
-        if torch.cuda.is_available():
-            self.device = torch.device("cuda", self.local_rank)
-            torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
-        else:
-            self.device = torch.device("cpu")
-            dist.init_process_group("gloo", timeout=timeout)
+        placement = choose_placement(self.local_rank, self.local_world_size)
+        placement.init_process_group(
+            timedelta(seconds=self.config.supervisor.collective_timeout_s))
+        self.device = placement.device
+        if self.rank == 0 and self.device.type == "cuda":  # which GPU path ran, in torchrun.log
+            print(f"ecrl trainer: ranks train on {placement.describe()}", file=sys.stderr,
+                  flush=True)
 
     def run(self) -> int:
         self._setup_runtime()
@@ -119,7 +119,7 @@ class Trainer:
         model = build_model(t.model, num_classes=dataset.num_classes,
                             side=t.image_size).to(self.device)
         ddp = DistributedDataParallel(
-            model, device_ids=[self.local_rank] if self.device.type == "cuda" else None)
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=t.lr, momentum=0.9,
                                     weight_decay=5e-4)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.target)
