@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, Phase, settings
 
 # ci: derandomized and small enough for `make test`; long: `make test-long`; gpu: `make
 # test-gpu`'s drawn failure schedules, each a real run of 2-3 attempts (about 25 s on a GPU
-# machine): 4 per strategy, the strategies in parallel, within 6 minutes on one GPU. No
-# shrinking there: a failing schedule is reported as drawn rather than re-run for minutes.
+# machine): 4 per strategy (ECRL_GPU_EXAMPLES), the strategies in parallel, within 6 minutes on
+# one GPU. No shrinking there: a failing schedule is reported as drawn, not re-run for minutes.
 settings.register_profile(
     "ci", max_examples=60, derandomize=True, print_blob=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -20,7 +20,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "gpu", max_examples=4, derandomize=True, print_blob=True, deadline=None, database=None,
+    "gpu", max_examples=int(os.environ.get("ECRL_GPU_EXAMPLES", "4")), derandomize=True,
+    print_blob=True, deadline=None, database=None,
     phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
