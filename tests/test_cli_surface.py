@@ -144,6 +144,21 @@ def test_docs_section_is_replaced_not_appended(tmp_path: Path) -> None:
     assert "| m | a | 2 | b | 4 | 0.5 |" in text and "intro kept" in text
 
 
+def test_the_same_benchmark_on_other_hardware_keeps_its_own_section(tmp_path: Path) -> None:
+    from ecrl.apps.bench._common import BenchResult, BenchRow, write_docs_section
+
+    doc = tmp_path / "benchmarks.md"
+    for section, value in (("", 1.0), ("x-cuda", 2.0), ("", 3.0)):
+        row = BenchRow(candidate="a", alternative="b", metric="m", candidate_value=value,
+                       alternative_value=4.0)
+        write_docs_section(doc, BenchResult(name="x", section=section, command="ecrl bench x",
+                                            rows=[row]))
+    text = doc.read_text()
+    assert text.count("<!-- bench:x:start -->") == text.count("<!-- bench:x-cuda:start -->") == 1
+    assert "### `ecrl bench x` (x-cuda)" in text
+    assert "| m | a | 2 | b |" in text and "| m | a | 3 | b |" in text  # neither replaced the other
+
+
 # How each command line ends is one definition (ecrl.contract.cli, tested there); each main uses
 # it: Ctrl-C during the work is exit 130 with one line, a closed stdout pipe a quiet exit.
 def _interrupt(*args: object, **kwargs: object) -> int:

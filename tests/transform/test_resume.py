@@ -225,9 +225,14 @@ def test_generated_programs_resume_from_any_save(source: str, save: int, point: 
 @pytest.mark.gpu
 def test_cuda_random_state_survives(tmp_path: Path) -> None:
     source = (CORPUS / "torch-train" / "input.py").read_text()
-    source = source.replace("model = make_model()", "model = make_model().cuda()")
-    source = source.replace("loss = nn.functional.mse_loss(model(x), y)",
-                            "loss = nn.functional.mse_loss(model(x.cuda()), y.cuda())")
+    # The model, its batches and so its dropout on the device; the parameters back to the host
+    # for the printed digest.
+    for host, device in (("model = make_model()", "model = make_model().cuda()"),
+                         ("loss = nn.functional.mse_loss(model(x), y)",
+                          "loss = nn.functional.mse_loss(model(x.cuda()), y.cuda())"),
+                         ("p.detach().numpy()", "p.detach().cpu().numpy()")):
+        assert source.count(host) == 1, host
+        source = source.replace(host, device)
     original = tmp_path / "original.py"
     original.write_text(source)
     program = tmp_path / "train.py"

@@ -60,6 +60,13 @@ class BenchResult:
     rows: Sequence[BenchRow]
     targets: Sequence[Target] = ()
     notes: Sequence[str] = field(default_factory=tuple)
+    section: str = ""
+    """Its section of ``docs/benchmarks.md`` when not ``name``'s own (the same benchmark
+    measured on other hardware keeps both)."""
+
+    @property
+    def title(self) -> str:
+        return f"`ecrl bench {self.name}`" + (f" ({self.section})" if self.section else "")
 
 
 def _fmt(value: float | None) -> str:
@@ -96,7 +103,8 @@ def _targets(result: BenchResult) -> list[str]:
 
 
 def render_text(result: BenchResult) -> str:
-    out = [f"ecrl bench {result.name}", *_table(result)]
+    out = [f"ecrl bench {result.name}" + (f" ({result.section})" if result.section else ""),
+           *_table(result)]
     if result.targets:
         out += ["", "targets:", *_targets(result)]
     out += [f"note: {n}" for n in result.notes]
@@ -145,11 +153,12 @@ def _gpu_words() -> str:
 
 def write_docs_section(path: str | os.PathLike[str], result: BenchResult) -> None:
     """Replace (or append) this benchmark's section of ``docs/benchmarks.md``."""
-    start = f"<!-- bench:{result.name}:start -->"
-    end = f"<!-- bench:{result.name}:end -->"
+    key = result.section or result.name
+    start = f"<!-- bench:{key}:start -->"
+    end = f"<!-- bench:{key}:end -->"
     body = [
         start,
-        f"### `ecrl bench {result.name}`",
+        f"### {result.title}",
         "",
         f"Command: `{result.command}`  ",
         f"Measured {time.strftime('%Y-%m-%d')} on {machine_line()}.",

@@ -263,8 +263,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                     shutil.rmtree(paths.root, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return BenchResult(name="checkpoint-cuda" if cuda else "checkpoint", command=command_line(),
-                       rows=rows, targets=targets, notes=_notes(quick, cuda))
+    return BenchResult(name="checkpoint", section="checkpoint-cuda" if cuda else "",
+                       command=command_line(), rows=rows, targets=targets,
+                       notes=_notes(quick, cuda))
 
 
 def _notes(quick: bool, cuda: bool) -> list[str]:
