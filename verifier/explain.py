@@ -305,7 +305,11 @@ def account(u: Unfinished, *, root: Path, prefix_only: bool, conclusive: bool) -
         return (f"{head}, but its last durable checkpoint (step {u.durable_step}) already "
                 f"commits every target step 0..{t - 1}")
     rest = f"steps {end}..{t - 1} not committed yet"
-    if u.status == "running":
+    if u.command == "standalone":
+        # No supervisor: 'running' may be a live attempt or one that died.
+        hint = ("verify again when it has finished, or, if it died, launch the script again on "
+                f"{shlex.quote(str(root))} (it resumes from its last checkpoint)")
+    elif u.status == "running":
         # A supervisor killed outright leaves 'running' behind; `ecrl run` then continues.
         hint = (f"verify again when it has finished (if its supervisor was killed, continue "
                 f"it with `ecrl {u.command} --out {shlex.quote(str(root))}`)")

@@ -21,6 +21,7 @@ import numpy as np
 from verifier import goodput
 from verifier._witness import report_epochs
 from verifier.anomalies import Anomaly, Location, Note
+from verifier.attemptrecords import RECORDED_BY
 from verifier.coverage import Interval, clip, difference, merge, overlaps, size
 from verifier.explain import account, resume_sentence
 from verifier.ingest import Ingest
@@ -208,7 +209,9 @@ class Judge:
         return Unfinished(status=status, attempt=k, last_step=last,
                           durable_step=self.lineage.durable, committed_steps=self.end,
                           target_steps=self.target, message="",
-                          command="launch" if "launch" in state.extra else "run")
+                          command="launch" if "launch" in state.extra else (
+                              "standalone" if state.extra.get("recorded_by") == RECORDED_BY
+                              else "run"))
 
     def _account(self, u: Unfinished, checked: dict[str, int], *, prefix_only: bool) -> str:
         """The one line on an unfinished run (written by :func:`verifier.explain.account`)."""

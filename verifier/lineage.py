@@ -233,7 +233,7 @@ def build_lineage(attempts: Sequence[SupervisorAttempt],
                     kind="attested_checkpoint", file="supervisor.json",
                     message=f"attempt {k} resumed from step {c}, which has no checkpoint event "
                             "(its writer died between publishing latest.json and logging the "
-                            f"event); the supervisor verified that checkpoint before launching "
+                            f"event); that checkpoint was verified against its checksum for "
                             f"attempt {k}, and attempt {writer} ran step {c}"))
         if writer is None:
             recorded = sorted({r.event.global_step for j in range(k)

@@ -148,8 +148,9 @@ class Unfinished:
     target_steps: int
     message: str
     command: str = "run"
-    """What continues the run: ``run`` (``ecrl run --out``), or ``launch`` for a run
-    ``ecrl launch`` supervises (its ``supervisor.json`` holds the launch)."""
+    """What continues the run: ``run`` (``ecrl run --out``), ``launch`` for a run ``ecrl
+    launch`` supervises (its ``supervisor.json`` holds the launch), or ``standalone`` for one
+    launched without either (the script, launched again, resumes)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

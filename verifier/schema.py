@@ -28,6 +28,7 @@ from ecrl.contract.runformat import (
     read_json_record,
 )
 from verifier.anomalies import Note
+from verifier.attemptrecords import from_attempt_records
 from verifier.errors import Unusable
 
 __all__ = ["CheckpointRecord", "DeclaredGeometry", "RunInputs", "read_inputs", "torn_tail_ok",
@@ -146,13 +147,17 @@ def read_inputs(root: str | Path) -> RunInputs:
     if manifest.seed > semantics.MAX_SEED:
         raise Unusable(f"{paths.manifest}: seed {manifest.seed} is above {semantics.MAX_SEED}")
 
-    if not os.path.lexists(paths.supervisor):
-        raise Unusable(f"{paths.supervisor}: file is missing; without it the verifier cannot "
-                       "tell which checkpoint each attempt resumed from")
-    try:
-        supervisor = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
-    except RunFormatError as exc:
-        raise _unusable(exc) from None
+    if os.path.lexists(paths.supervisor):
+        try:
+            supervisor = read_json_record(paths.supervisor, SupervisorState, root=paths.root)
+        except RunFormatError as exc:
+            raise _unusable(exc) from None
+    else:  # launched without ecrl launch: the attempts' own records (verifier.attemptrecords)
+        supervisor = from_attempt_records(paths)
+        notes.append(Note(kind="self_recorded", file="supervisor.json",
+                          message="absent (the run was not launched by ecrl launch): the "
+                                  "lineage rests on each attempt's own logs/attempt-NNN/"
+                                  "attempt.json; exit codes and how attempts ended are unknown"))
     attempts = supervisor.attempts
     if not attempts:
         raise Unusable(f"{paths.supervisor}: no attempts recorded, so nothing ran")

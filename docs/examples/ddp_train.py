@@ -2,12 +2,18 @@
 
     ecrl launch --out runs/example --world-sizes 2,1 --fail-at 9,21 --ckpt-every 4 \
         -- python docs/examples/ddp_train.py --steps 30
-    ecrl-verify runs/example"""
+    ecrl-verify runs/example
+
+or without ECRL's supervisor, each launch a new attempt that resumes where the last one left:
+
+    torchrun --standalone --nproc-per-node 2 docs/examples/ddp_train.py --out runs/plain
+    ecrl-verify runs/plain"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,6 +44,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="global batch, over all ranks")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", help="run directory when not started by `ecrl launch`")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="seconds of extra work per step (stands for a bigger model's)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -65,6 +73,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         sched.step()
+        time.sleep(args.step_delay)
         log.step(step, sample_ids=ids, loss=loss)  # the IDs this batch really carried
         ckpt.after_step(step)  # checkpoint when due, injected failure when due
 

@@ -9,19 +9,31 @@ and broadcast, so that every rank writes the same attempt's logs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from ecrl.contract.errors import ConfigError, EcrlError, RunFormatError
-from ecrl.contract.runformat import RunPaths, SupervisorState, check_entry, read_json_record
+from ecrl.contract.runformat import (
+    AttemptRecord,
+    RunPaths,
+    SupervisorState,
+    check_entry,
+    read_json_record,
+    write_json_record,
+)
 from ecrl.runtime.failure import RestartableError, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
+from ecrl.runtime.runlock import take_lock
 
-__all__ = ["Attempt", "dist_rank_world", "install_error_hook", "resolve_attempt", "set_aside",
+__all__ = ["Attempt", "dist_rank_world", "install_error_hook", "record_attempt",
+           "record_completed", "record_fresh_if_unrecorded", "resolve_attempt", "set_aside",
            "set_aside_strays", "standalone_attempt"]
 
 
@@ -105,6 +117,77 @@ def standalone_attempt(paths: RunPaths) -> tuple[int, list[dict[str, str]]]:
 
 _CACHE: dict[str, Attempt] = {}
 _LOCK = threading.Lock()
+_RUN_LOCKS: dict[str, IO[bytes]] = {}
+"""Run directory -> its lock, held by this process's standalone attempts until it exits."""
+
+
+def _claim_standalone(paths: RunPaths) -> int:
+    """Rank 0 of a standalone launch: lock the run directory for the attempt (the lock
+    ``ecrl launch``'s supervisor takes, so neither that nor a second launch can run beside it),
+    then create the new attempt's log folder."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    key = str(paths.root.resolve())
+    if key not in _RUN_LOCKS:
+        _RUN_LOCKS[key] = take_lock(paths.root, holder="another launch (or an ecrl launch)")
+    number, _ = standalone_attempt(paths)
+    _refuse_if_completed(paths, number - 1)
+    paths.logs.mkdir(exist_ok=True)
+    # Not exist_ok: under the lock nothing else numbers attempts, so a folder that appeared in
+    # between is a bug to hear of, never one to write into.
+    paths.attempt_dir(number).mkdir()
+    return number
+
+
+def _refuse_if_completed(paths: RunPaths, previous: int) -> None:
+    """A launch after the run's last attempt completed it would train its last steps again from
+    an older checkpoint, and the script would then save that model over the finished one: it is
+    refused before anything is written (under ``ecrl launch`` the supervisor says so itself)."""
+    path = paths.attempt_record(previous)
+    if previous < 0 or not os.path.lexists(path):
+        return
+    try:
+        record = read_json_record(path, AttemptRecord, root=paths.root)
+    except RunFormatError:
+        return  # the verifier reports an unreadable record; a new attempt does no harm to it
+    if record.status == "completed":
+        raise ConfigError(
+            f"the run in {paths.root} is complete (attempt {previous} logged its last step, "
+            f"{record.last_step}): nothing to train; to train again, use a new run directory")
+
+
+def record_attempt(attempt: Attempt, *, resumed: tuple[int, str | None] | None) -> None:
+    """Rank 0: ``logs/attempt-NNN/attempt.json`` (atomic), before the attempt's first step
+    record: the checkpoint it resumed from (``(step, checksum)``, verified when loaded) or a
+    fresh start (None), and its world size. Lets ``ecrl-verify`` prove a run that no ``ecrl
+    launch`` supervised (docs/run-format.md)."""
+    if attempt.rank != 0:
+        return
+    write_json_record(attempt.paths.attempt_record(attempt.attempt), AttemptRecord(
+        attempt=attempt.attempt, world_size=attempt.world_size,
+        resumed_from_step=None if resumed is None else resumed[0],
+        resumed_from_checksum=None if resumed is None else resumed[1],
+        launcher="standalone" if attempt.env is None else "ecrl launch", status="running",
+        start_time=time.time(), end_time=None, last_step=None))
+
+
+def record_fresh_if_unrecorded(attempt: Attempt) -> None:
+    """Rank 0, at the first step record: a fresh start when no checkpointer recorded the
+    attempt (a script with a step log and no :class:`ecrl.Checkpointer`)."""
+    if attempt.rank == 0 and not os.path.lexists(attempt.paths.attempt_record(attempt.attempt)):
+        record_attempt(attempt, resumed=None)
+
+
+def record_completed(attempt: Attempt, last_step: int) -> None:
+    """Rank 0: rewrite ``attempt.json`` as completed once the attempt logged the run's last
+    step and closed its log without an error."""
+    if attempt.rank != 0:
+        return
+    path = attempt.paths.attempt_record(attempt.attempt)
+    if not os.path.lexists(path):
+        return
+    record = read_json_record(path, AttemptRecord, root=attempt.paths.root)
+    write_json_record(path, dataclasses.replace(record, status="completed", end_time=time.time(),
+                                                last_step=last_step))
 
 
 def _broadcast(value: int) -> int:
@@ -143,13 +226,13 @@ def resolve_attempt(run_dir: str | os.PathLike[str] | None) -> Attempt:
         paths = RunPaths.of(key)
         if env is not None:
             number = env.attempt
+            paths.attempt_dir(number).mkdir(parents=True, exist_ok=True)
         else:
             number = 0
             if rank == 0:
-                number, _ = standalone_attempt(paths)
+                number = _claim_standalone(paths)
             number = _broadcast(number)
         attempt = Attempt(paths=paths, attempt=number, rank=rank, world_size=world, env=env)
-        paths.attempt_dir(number).mkdir(parents=True, exist_ok=True)
         install_error_hook()
         _CACHE[key] = attempt
         return attempt

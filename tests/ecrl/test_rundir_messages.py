@@ -18,7 +18,7 @@ import pytest
 from ecrl.apps.cli import main
 from ecrl.contract.runformat import SupervisorState
 from ecrl.runtime.failure import fatal_reason
-from ecrl.runtime.supervision._lock import LOCK_FILE, take_lock
+from ecrl.runtime.runlock import LOCK_FILE, take_lock
 from ecrl.runtime.supervision.rundir import DiskFull, write_record
 
 
@@ -61,7 +61,7 @@ def test_the_second_of_two_fresh_starts_is_told_another_process_is_starting_a_ru
 
 def test_a_left_lock_file_alone_does_not_make_a_directory_busy(tmp_path: Path) -> None:
     # A supervisor killed between its lock and run.json left the file; nobody holds it.
-    from ecrl.runtime.supervision._lock import held_elsewhere
+    from ecrl.runtime.runlock import held_elsewhere
 
     out = tmp_path / "run"
     out.mkdir()

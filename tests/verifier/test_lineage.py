@@ -229,7 +229,7 @@ def test_testimony_is_read_from_supervisor_json(tmp_path: Path) -> None:
     assert state["resume_points"]["1"]["global_step"] == resumed
     result = verify_run(run)
     assert result.verdict == "PASS", result
-    assert any("supervisor verified" in str(w) for w in result.warnings)
+    assert any("verified against its checksum" in str(w) for w in result.warnings)
     del state["resume_points"]
     (run / "supervisor.json").write_text(json.dumps(state))
     assert verify_run(run).verdict == "FAIL"  # no event, no testimony

@@ -46,10 +46,12 @@ from ecrl.contract.runformat.jsonl import (
 )
 from ecrl.contract.runformat.layout import RunPaths, find_runs, is_run_dir
 from ecrl.contract.runformat.records import (
+    ATTEMPT_STATUSES,
     EPOCH_COVERAGES,
     SAMPLER_KINDS,
     SCHEMA_VERSION,
     STRATEGIES,
+    AttemptRecord,
     CheckpointEvent,
     LatestPointer,
     RunManifest,
@@ -69,6 +71,8 @@ __all__ = [
     "StepRecord",
     "CheckpointEvent",
     "LatestPointer",
+    "AttemptRecord",
+    "ATTEMPT_STATUSES",
     "TornLine",
     "JsonlReader",
     "JsonlWriter",

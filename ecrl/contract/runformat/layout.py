@@ -45,6 +45,10 @@ class RunPaths:
     def rank_log(self, attempt: int, rank: int) -> Path:
         return self.attempt_dir(attempt) / f"rank-{rank:03d}.jsonl"
 
+    def attempt_record(self, attempt: int) -> Path:
+        """``attempt.json``: the attempt as its own rank 0 recorded it (``AttemptRecord``)."""
+        return self.attempt_dir(attempt) / "attempt.json"
+
     def checkpoint_log(self, attempt: int) -> Path:
         return self.attempt_dir(attempt) / "checkpoint_rank0.jsonl"
 

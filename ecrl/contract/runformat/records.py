@@ -28,7 +28,7 @@ from ecrl.contract.strategies import STRATEGIES
 
 __all__ = ["SCHEMA_VERSION", "STRATEGIES", "SAMPLER_KINDS", "EPOCH_COVERAGES", "RunManifest",
            "SupervisorAttempt", "SupervisorState", "StepRecord", "CheckpointEvent",
-           "LatestPointer"]
+           "LatestPointer", "AttemptRecord", "ATTEMPT_STATUSES"]
 
 SAMPLER_KINDS = ("ecrl", "external")
 """``run.json`` ``sampler.kind``: ECRL's own order, or one the verifier can only audit."""
@@ -194,6 +194,51 @@ class SupervisorState(Record):
         out = Record.to_dict(self)
         out["attempts"] = [a.to_dict() for a in self.attempts]
         return out
+
+
+ATTEMPT_STATUSES = ("running", "completed")
+"""``attempt.json`` ``status``: written as ``running`` when the attempt starts, rewritten as
+``completed`` when it logged the run's last step. An attempt that died stays ``running``: how it
+ended (exit code, signal) is known only to a supervisor."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptRecord(Record):
+    """``logs/attempt-NNN/attempt.json``: one attempt as its own rank 0 recorded it, whatever
+    launched it (``ecrl launch``, plain ``torchrun``, a framework's launcher, a requeue).
+
+    Written atomically before the attempt's first step record, once it knows the checkpoint it
+    resumed from (verified against its checksum) or that it started fresh; rewritten when it
+    completed the run. With it the verifier rebuilds the committed lineage of a run that has no
+    ``supervisor.json``."""
+
+    attempt: int
+    world_size: int
+    resumed_from_step: int | None
+    """Global step of the checkpoint this attempt loaded (None: fresh start)."""
+    resumed_from_checksum: str | None
+    """``algorithm:hexdigest`` of that checkpoint, as verified when it was loaded."""
+    launcher: str
+    """``ecrl launch`` (a supervisor also records the attempt) or ``standalone``."""
+    status: str
+    """One of :data:`ATTEMPT_STATUSES`."""
+    start_time: float
+    end_time: float | None
+    last_step: int | None
+    """The last step it logged, once ``completed``."""
+
+    _SPEC: ClassVar[dict[str, tuple[Check, str]]] = spec(
+        attempt=is_nonneg_int,
+        world_size=(lambda v: is_int(v) and v > 0, "a positive integer"),
+        resumed_from_step=(optional(is_nonneg_int), "a non-negative integer or null"),
+        resumed_from_checksum=(optional(lambda v: isinstance(v, str) and ":" in v),
+                               "'algorithm:hexdigest' or null"),
+        launcher=is_str,
+        status=(lambda v: v in ATTEMPT_STATUSES, " or ".join(ATTEMPT_STATUSES)),
+        start_time=is_number,
+        end_time=(optional(is_number), "a number or null"),
+        last_step=(optional(is_nonneg_int), "a non-negative integer or null"),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -55,7 +55,7 @@ from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.semantics import Geometry, mix64_int
 from ecrl.contract.shardfile import VerifiedShards
-from ecrl.runtime._attempt import Attempt, resolve_attempt
+from ecrl.runtime._attempt import Attempt, record_attempt, resolve_attempt
 from ecrl.runtime.checkpoint import digests, statepack
 from ecrl.runtime.checkpoint.deadline import (
     DEADLINE_EXIT_CODE,
@@ -323,6 +323,7 @@ class Checkpointer:
                 sampler.expect_state(None)
             self._restore_rng(lambda: self._seed_rank(0))
             self._restored = 0
+            record_attempt(self.run, resumed=None)
             self._start_guards(0)
             return 0
         step, path, checksum = point
@@ -392,6 +393,8 @@ class Checkpointer:
         else:
             self._restore_rng(lambda: self._seed_rank(nxt))
         self._restored = nxt
+        # The checkpoint was read against its checksum: the attempt's own record of its resume.
+        record_attempt(self.run, resumed=(step, ckpt.checksum))
         self._start_guards(nxt)
         return nxt
 

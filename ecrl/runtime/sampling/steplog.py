@@ -43,7 +43,12 @@ from ecrl.contract.runformat import (
     read_json_record,
     write_json_record,
 )
-from ecrl.runtime._attempt import Attempt, resolve_attempt
+from ecrl.runtime._attempt import (
+    Attempt,
+    record_completed,
+    record_fresh_if_unrecorded,
+    resolve_attempt,
+)
 from ecrl.runtime.manifest import STREAM_FIELDS, build_manifest, check_same_run
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 
@@ -272,6 +277,7 @@ class StepLog:
                               "must be non-negative (the loop's epoch and its step within it)")
         if self._writer is None:
             self.ensure_manifest()
+            record_fresh_if_unrecorded(self.run)  # before any step record: attempt.json
             self._writer = JsonlWriter(self.paths.rank_log(self.attempt, self.rank))
         self._writer.write(StepRecord(
             attempt=self.attempt, global_step=step, epoch=int(epoch),
@@ -285,12 +291,20 @@ class StepLog:
             self.sampler.step_done(step)
 
     def close(self) -> None:
+        """Close the log. Once it logged the run's last step, the attempt is recorded as
+        completed (``attempt.json``): call it after the loop, not on an error's way out (the
+        ``with`` form leaves that record alone when an exception ends the block)."""
+        self._close(completed=True)
+
+    def _close(self, *, completed: bool) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            if completed and self._last == self.steps - 1:
+                record_completed(self.run, self._last)
 
     def __enter__(self) -> StepLog:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self._close(completed=kind is None)

@@ -45,7 +45,7 @@ from ecrl.contract.runformat import (
 )
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import LAUNCH_KEYS, RunConfig
-from ecrl.runtime.supervision._lock import held_elsewhere, in_use
+from ecrl.runtime.runlock import held_elsewhere, in_use
 from ecrl.runtime.supervision.events import (
     Reporter,
     RunAlreadyComplete,

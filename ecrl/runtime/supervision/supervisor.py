@@ -47,8 +47,8 @@ from ecrl.runtime.failure import FiredFailure, read_fatal, read_fired, remaining
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.manifest import RUN_FIELDS, check_same_run
 from ecrl.runtime.runconfig import RunConfig
+from ecrl.runtime.runlock import LOCK_FILE, held_elsewhere, in_use, take_lock
 from ecrl.runtime.supervision import command, policy
-from ecrl.runtime.supervision._lock import LOCK_FILE, held_elsewhere, in_use, take_lock
 from ecrl.runtime.supervision.command import TORCHRUN_LOG, TRAINER
 from ecrl.runtime.supervision.events import (
     AttemptEnded,

@@ -1,4 +1,6 @@
-"""One supervisor per run directory (per node): an exclusive ``flock`` held for the run.
+"""One supervisor per run directory (per node): an exclusive ``flock`` held for the run. A
+standalone launch of a library script (no ``ecrl launch``) takes the same lock for its attempt
+(:mod:`ecrl.runtime._attempt`), so two launches never write one run at once.
 
 The lock is taken as soon as the directory exists, before ``run.json``: so a second process
 starting a run in the same ``--out`` at the same moment is told that another ECRL process is
