@@ -92,3 +92,47 @@ def test_rng_state_restores_every_stream(tmp_path: Path) -> None:
     torch.manual_seed(99)
     statepack.set_rng_state(saved)  # type: ignore[arg-type]
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+
+
+def _mixed_tensors() -> list[torch.Tensor]:
+    """Small tensors of the kinds a checkpoint holds: counters (0-dim int64), flags, half
+    precision, a transposed (non-contiguous) matrix, BatchNorm-sized vectors."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.tensor(7, dtype=torch.int64), torch.tensor([True, False, True]),
+            torch.randn(5, generator=g).half(), torch.randn(4, 3, generator=g).t(),
+            torch.randn(64, generator=g), torch.randint(0, 9, (2, 2, 2), generator=g)]
+
+
+def test_small_tensors_copied_in_one_transfer_land_byte_for_byte() -> None:
+    # The batching is for device tensors (one device-to-host transfer instead of hundreds);
+    # its arithmetic of offsets and views is the same for any device, so it is checked here on
+    # the CPU against the one-by-one copy.
+    tensors = _mixed_tensors()
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    offsets = [sum(sizes[:i]) + 8 * i for i in range(len(sizes))]  # gaps between them
+    batched, one_by_one = bytearray(offsets[-1] + sizes[-1] + 8), None
+    statepack.copy_in_one_transfer(memoryview(batched),
+                                   [(o, n, t) for o, n, t in zip(offsets, sizes, tensors,
+                                                                 strict=True)])
+    one_by_one = bytearray(len(batched))
+    for o, t in zip(offsets, tensors, strict=True):
+        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        one_by_one[o:o + len(data)] = data
+    assert batched == one_by_one
+
+
+@pytest.mark.gpu
+def test_a_cuda_state_snapshots_to_the_bytes_of_its_cpu_copy() -> None:
+    torch.manual_seed(0)
+    model = build_model("resnet18", num_classes=10).cuda()
+    state = {"model": model.state_dict(), "small": _mixed_tensors()}
+    on_cpu = {"model": {k: v.cpu() for k, v in state["model"].items()},
+              "small": state["small"]}
+    state["small"] = [t.cuda() for t in state["small"]]
+    images = []
+    for s in (state, on_cpu):
+        encoded = statepack.encode(s, meta={"global_step": 0})
+        image = bytearray(encoded.layout.size)
+        statepack.snapshot_into(encoded, memoryview(image))
+        images.append(bytes(image))
+    assert images[0] == images[1]
