@@ -38,6 +38,9 @@ def parse_args(argv: Sequence[str] | None = None, *, dataset_size: int = 40,
     parser.add_argument("--global-batch", type=int, default=global_batch)
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epoch-coverage", choices=("all", "drop_remainder"), default=None,
+                        help="drop_remainder: the loader's epochs leave some IDs out "
+                             "(drop_last with a remainder)")
     for flag, kwargs in extra:
         parser.add_argument(flag, **kwargs)
     return parser.parse_args(argv)
@@ -50,7 +53,7 @@ def external_step_log(args: argparse.Namespace, steps_per_epoch: int,
     return ecrl.StepLog(
         args.run_dir, steps=args.steps, dataset_size=args.dataset_size,
         global_batch=args.global_batch, seed=args.seed, steps_per_epoch=steps_per_epoch,
-        sampler={"kind": "external", **sampler})
+        sampler={"kind": "external", **sampler}, epoch_coverage=args.epoch_coverage)
 
 
 def distributed_loader(data: Dataset[Any], args: argparse.Namespace, world: int, *,

@@ -10,6 +10,7 @@ Each run is made once per session and shared (``runs`` in ``conftest.py``).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -324,3 +325,23 @@ def test_an_external_sampler_is_never_claimed_window_checked(
     assert verdict.run["windows_checked"] is False
     assert verdict.run["sampler"]["kind"] == "external"
     assert verdict.verdict in {"PASS", "FAIL"}
+
+
+def test_drop_last_with_a_remainder_passes_after_the_one_argument_change(
+        runs: RunCache, tmp_path: Path) -> None:
+    """DistributedSampler(drop_last=True) and a loader's drop_last with D % B != 0 leave IDs out
+    of every epoch (issue 25, item 6): declared with StepLog(epoch_coverage="drop_remainder"),
+    an uninterrupted run PASSes; the same logs held to every ID fail with missing samples."""
+    run = _launch(runs, "case-drop-last", ["--nproc", "2"], "case_restart_epoch.py",
+                  "--dataset-size", "42", "--epoch-coverage", "drop_remainder")
+    declared = verify(run.root)
+    assert declared.verdict == "PASS", declared.text
+    assert not declared.run["windows_checked"]
+    undeclared = tmp_path / "undeclared"
+    shutil.copytree(run.root, undeclared)
+    manifest = json.loads((undeclared / "run.json").read_text())
+    assert manifest["sampler"]["epoch_coverage"] == "drop_remainder"
+    manifest["sampler"]["epoch_coverage"] = "all"
+    (undeclared / "run.json").write_text(json.dumps(manifest))
+    held = verify(undeclared)
+    assert held.verdict == "FAIL" and held.kinds() == {"missing_sample"}, held.text
