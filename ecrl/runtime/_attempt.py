@@ -28,7 +28,7 @@ from ecrl.contract.runformat import (
     read_json_record,
     write_json_record,
 )
-from ecrl.runtime.failure import RestartableError, write_fatal
+from ecrl.runtime.failure import RestartableError, script_error, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runlock import take_lock
 
@@ -257,10 +257,17 @@ def install_error_hook() -> None:
         if isinstance(exc, RestartableError):  # the supervisor relaunches
             print(f"ecrl (rank {rank}): {exc}", file=sys.stderr, flush=True)
             return
+        env = AttemptEnv.from_environ()
         if not isinstance(exc, EcrlError):
             previous(kind, exc, tb)
+            # An error in the script's own code recurs on every relaunch: the supervisor is told
+            # to stop at once, with the real error (a DataLoader worker's, not its wrapper's).
+            reason = script_error(exc)
+            if reason is not None and env is not None:
+                write_fatal(RunPaths.of(env.run_dir), attempt=env.attempt, rank=int(rank),
+                            message=f"{reason} (an error in the script: fix it, then run the "
+                                    "same command again)")
             return
-        env = AttemptEnv.from_environ()
         if env is not None:
             write_fatal(RunPaths.of(env.run_dir), attempt=env.attempt, rank=int(rank),
                         message=str(exc))

@@ -39,7 +39,7 @@ from ecrl.contract.runformat import RunPaths, loads, read_small_file
 __all__ = ["FAILURE_EXIT_CODE", "FATAL_EXIT_CODE", "FailurePlan", "FiredFailure", "inject",
            "read_fired", "remaining", "write_fatal", "read_fatal", "disk_error", "disk_remedy",
            "fatal_reason", "RankError", "rank_errors", "RestartableError", "read_marker",
-           "machine_memory"]
+           "machine_memory", "script_error"]
 
 FAILURE_EXIT_CODE = 137
 FATAL_EXIT_CODE = 3
@@ -291,6 +291,25 @@ def _last_error(lines: list[str], rank: int | None) -> RankError | None:
 
 
 _IN_WORKER = re.compile(r"Caught \w+ in (DataLoader worker process \d+)")
+
+_SCRIPT_ERRORS = (TypeError, AttributeError, NameError, ImportError, SyntaxError)
+"""Errors in a script's own code: they recur on every restart, whatever the step."""
+
+
+def script_error(exc: BaseException) -> str | None:
+    """The one line for an error in a user's script that no restart can fix (a wrong call, a
+    missing attribute or name, an import), the real one when a ``DataLoader`` worker raised it;
+    None for anything else. A peer's death surfaces in the survivors as a ``RuntimeError`` of
+    the process group, never as one of these."""
+    if not isinstance(exc, _SCRIPT_ERRORS):
+        return None
+    lines = str(exc).splitlines()
+    worker = _IN_WORKER.search(lines[0]) if lines else None
+    found = _worker_error(lines, worker.group(1)) if worker is not None else None
+    if found is not None:
+        message, where = found
+        return message + (f", {where}" if where else "")
+    return _exception_line(exc)
 
 
 def _worker_error(lines: list[str], worker: str) -> tuple[str, str | None] | None:

@@ -108,6 +108,44 @@ def test_bad_use_stops_with_one_line_and_no_relaunch(runs: RunCache) -> None:
     assert len(state["attempts"]) == 1 and state["status"] == "failed"
 
 
+BUGGY_COLLATE = """
+import torch
+from torch.utils.data import DataLoader
+import ecrl
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.zeros(2)
+
+def my_collate(items):  # receives (id, item) pairs under WithSampleIds: ids are not tensors
+    return torch.stack([x for x, _ in items])
+
+sampler = ecrl.GlobalBatchSampler(16, 4, steps=4)
+log = ecrl.StepLog(sampler=sampler, steps=4)
+loader = DataLoader(ecrl.WithSampleIds(Rows()), batch_sampler=sampler, num_workers=1,
+                    collate_fn=my_collate)
+for ids in loader:
+    pass
+"""
+
+
+def test_an_error_in_the_script_stops_at_once_with_the_workers_real_error(
+        tmp_path: Path) -> None:
+    """A TypeError raised in a DataLoader worker was relaunched once before being declared
+    fatal, and its one line named only the wrapper (issue 25, item 7)."""
+    script = tmp_path / "train.py"
+    script.write_text(BUGGY_COLLATE)
+    done = ecrl("launch", "--out", str(tmp_path / "run"), "--", "python", str(script))
+    assert done.returncode == 1, done.stderr
+    state = json.loads((tmp_path / "run" / "supervisor.json").read_text())
+    assert len(state["attempts"]) == 1 and state["status"] == "failed", state
+    assert "expected Tensor as element 0" in done.stderr, done.stderr
+    assert "DataLoader worker process 0" in done.stderr and "my_collate" in done.stderr
+
+
 def test_ctrl_c_then_launch_again_continues_to_a_verified_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
