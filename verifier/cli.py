@@ -40,12 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "and say how many harmful mutations the verifier caught (one line "
                              "per run on stderr, and in the report with --report); slow: it "
                              "verifies each of about forty mutants")
+    parser.add_argument("--jobs", metavar="N", type=int, default=None,
+                        help="worker processes that scan the rank logs side by side (default: "
+                             "the machine's cores; 1: all in this process); the verdict and "
+                             "every report are the same for every N")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from verifier import render_json, render_junit, render_text, verify, write_report
+    from verifier._parallel import default_jobs
 
     def progress(message: str) -> None:
         print(f"[ecrl-verify] {message}", file=sys.stderr, flush=True)
@@ -55,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             require("matplotlib", what="--report")
         result = verify(args.path, reference=args.reference, series=bool(args.report),
                         progress=progress if sys.stderr.isatty() else None,
-                        same_order=args.same_order, replay_tolerance=args.replay_tolerance)
+                        same_order=args.same_order, replay_tolerance=args.replay_tolerance,
+                        jobs=default_jobs() if args.jobs is None else args.jobs)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
         # A reader that stops early (`ecrl-verify RUN | head`) keeps the verdict's exit code.
         print_quietly(render(result))
