@@ -371,7 +371,8 @@ class Ingest:
             if epoch in self.finished_epochs:
                 self.late_records += hi - lo
                 continue
-            self.samples.add_epoch(epoch, batch.id_block[rows[lo:hi]].ravel())
+            # Proven equal to the expected shards of distinct steps: distinct, in range.
+            self.samples.add_distinct(epoch, batch.id_block[rows[lo:hi]].ravel())
 
     def _count_samples(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                        committed: npt.NDArray[np.bool_]) -> None:
