@@ -8,7 +8,10 @@ from collections.abc import Sequence
 
 from ecrl.contract.cli import print_quietly, run_main
 from ecrl.contract.extras import require
+from verifier.anomalies import Anomaly
+from verifier.errors import VerifierError
 from verifier.replay import DEFAULT_TOLERANCE
+from verifier.result import RunResult, VerifyResult
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
@@ -44,11 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker processes that scan the rank logs side by side (default: "
                              "the machine's cores; 1: all in this process); the verdict and "
                              "every report are the same for every N")
+    parser.add_argument("--follow", action="store_true",
+                        help="PATH is a run that is training: verify it as it writes (each "
+                             "anomaly on stderr as soon as it is proved, a progress line per "
+                             "change) until its supervisor says it ended, then print the "
+                             "verdict; Ctrl-C prints the verdict so far (UNKNOWN unless an "
+                             "anomaly was found)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from verifier import render_json, render_junit, render_text, verify, write_report
     from verifier._parallel import default_jobs
 
@@ -56,12 +66,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[ecrl-verify] {message}", file=sys.stderr, flush=True)
 
     def work() -> int:
+        if args.follow and (args.reference or args.same_order or args.self_test):
+            parser.error("--follow verifies one run as it trains: leave out --reference, "
+                         "--same-order and --self-test (run them on the finished run)")
         if args.report:  # its plots: refuse before verifying, not after
             require("matplotlib", what="--report")
-        result = verify(args.path, reference=args.reference, series=bool(args.report),
-                        progress=progress if sys.stderr.isatty() else None,
-                        same_order=args.same_order, replay_tolerance=args.replay_tolerance,
-                        jobs=default_jobs() if args.jobs is None else args.jobs)
+        jobs = default_jobs() if args.jobs is None else args.jobs
+        if args.follow:
+            result = _follow(args.path, jobs=jobs)
+        else:
+            result = verify(args.path, reference=args.reference, series=bool(args.report),
+                            progress=progress if sys.stderr.isatty() else None,
+                            same_order=args.same_order,
+                            replay_tolerance=args.replay_tolerance, jobs=jobs)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
         # A reader that stops early (`ecrl-verify RUN | head`) keeps the verdict's exit code.
         print_quietly(render(result))
@@ -79,6 +96,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     return run_main("ecrl-verify", work,
                     os_error=lambda exc: f"{exc.filename or args.path}: {exc.strerror}")
+
+
+def _follow(path: str, *, jobs: int) -> VerifyResult:
+    from verifier.follow import FollowState, follow
+    from verifier.report import render_anomaly_line, render_progress_line
+
+    def say(line: str) -> None:
+        print(f"[ecrl-verify --follow] {line}", file=sys.stderr, flush=True)
+
+    def on_anomaly(run: RunResult, anomaly: Anomaly) -> None:
+        say(f"FAIL {render_anomaly_line(run, anomaly)}")
+
+    shown: list[str] = []
+
+    def on_progress(state: FollowState) -> None:
+        line = render_progress_line(state.result, status=state.status, anomalies=state.anomalies)
+        if shown[-1:] != [line]:  # the torchrun log changes too: say only what is new
+            shown.append(line)
+            say(line)
+
+    if jobs < 1:
+        raise VerifierError(f"--jobs {jobs}: give at least 1 (the number of worker processes)")
+    return follow(path, jobs=jobs, on_anomaly=on_anomaly, on_progress=on_progress)
 
 
 if __name__ == "__main__":
