@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
 from ecrl.contract.cli import print_quietly, run_main
 from ecrl.contract.extras import require
+from verifier._parallel import Submit
 from verifier.anomalies import Anomaly
 from verifier.errors import VerifierError
 from verifier.replay import DEFAULT_TOLERANCE
@@ -47,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker processes that scan the rank logs side by side (default: "
                              "the machine's cores; 1: all in this process); the verdict and "
                              "every report are the same for every N")
+    parser.add_argument("--ray", metavar="ADDRESS", nargs="?", const="local", default=None,
+                        help="scan the rank logs as tasks on a Ray cluster: ADDRESS, auto (the "
+                             "cluster this machine belongs to), or without one a Ray started "
+                             "here with --jobs CPUs; the logs must be on a file system every "
+                             "node mounts at the same path; needs pip install 'ecrl[ray]' "
+                             "(write PATH first: ecrl-verify RUN --ray)")
     parser.add_argument("--follow", action="store_true",
                         help="PATH is a run that is training: verify it as it writes (each "
                              "anomaly on stderr as soon as it is proved, a progress line per "
@@ -72,13 +80,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.report:  # its plots: refuse before verifying, not after
             require("matplotlib", what="--report")
         jobs = default_jobs() if args.jobs is None else args.jobs
-        if args.follow:
-            result = _follow(args.path, jobs=jobs)
-        else:
-            result = verify(args.path, reference=args.reference, series=bool(args.report),
-                            progress=progress if sys.stderr.isatty() else None,
-                            same_order=args.same_order,
-                            replay_tolerance=args.replay_tolerance, jobs=jobs)
+        if jobs < 1:
+            raise VerifierError(f"--jobs {jobs}: give at least 1 (the number of worker "
+                                "processes)")
+        with contextlib.ExitStack() as stack:
+            submit = None
+            if args.ray is not None:
+                from verifier._ray import ray_workers
+
+                submit = stack.enter_context(ray_workers(args.ray, jobs=jobs))
+            if args.follow:
+                result = _follow(args.path, jobs=jobs, submit=submit)
+            else:
+                result = verify(args.path, reference=args.reference, series=bool(args.report),
+                                progress=progress if sys.stderr.isatty() else None,
+                                same_order=args.same_order,
+                                replay_tolerance=args.replay_tolerance, jobs=jobs,
+                                submit=submit)
         render = {"text": render_text, "json": render_json, "junit": render_junit}[args.format]
         # A reader that stops early (`ecrl-verify RUN | head`) keeps the verdict's exit code.
         print_quietly(render(result))
@@ -98,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os_error=lambda exc: f"{exc.filename or args.path}: {exc.strerror}")
 
 
-def _follow(path: str, *, jobs: int) -> VerifyResult:
+def _follow(path: str, *, jobs: int, submit: Submit | None) -> VerifyResult:
     from verifier.follow import FollowState, follow
     from verifier.report import render_anomaly_line, render_progress_line
 
@@ -116,9 +134,8 @@ def _follow(path: str, *, jobs: int) -> VerifyResult:
             shown.append(line)
             say(line)
 
-    if jobs < 1:
-        raise VerifierError(f"--jobs {jobs}: give at least 1 (the number of worker processes)")
-    return follow(path, jobs=jobs, on_anomaly=on_anomaly, on_progress=on_progress)
+    return follow(path, jobs=jobs, on_anomaly=on_anomaly, on_progress=on_progress,
+                  submit=submit)
 
 
 if __name__ == "__main__":
