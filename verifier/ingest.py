@@ -162,10 +162,15 @@ class Ingest:
     def _start_scans(self, plan: AttemptPlan) -> None:
         if self.submit is None or plan.attempt in self._scans:
             return
+        try:
+            files = self.inputs.paths.rank_logs(plan.attempt)
+        except OSError:
+            # Not ahead of time: the attempt's own turn lists it again and meets the error
+            # where reading in process would.
+            return
         self._scans[plan.attempt] = {
             rank: self.submit(ScanTask(path, self._log_options(plan, rank, ahead=True)))
-            for rank, path in self.inputs.paths.rank_logs(plan.attempt).items()
-            if rank < plan.world_size}
+            for rank, path in files.items() if rank < plan.world_size}
 
     def _say(self, message: str, *, force: bool = False) -> None:
         if self.progress is None:

@@ -504,7 +504,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     id_size = ID_SIZE[quick]
     root, info = _cached_run(id_size, log_ids=True, progress=progress)
     progress(f"{info['records']:,} records with sample IDs: raw parse and ecrl-verify")
-    raw, ours = _side_by_side(root, rounds=2, repeats=1)
+    raw, ours = _side_by_side(root, rounds=3, repeats=2)
     rows.append(BenchRow(
         candidate="ecrl-verify", alternative="orjson raw parse",
         metric=f"seconds to read the logs ({info['records']:.2g} records with sample IDs; "
