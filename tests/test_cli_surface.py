@@ -54,8 +54,8 @@ RUN_FLAGS = [
     "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids", "--max-restarts",
     "--deadline", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s",
     "--keep-checkpoints", "--lr", "--image-size", "--threads", "--warm-standby",
-    "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
-    "--rdzv-conf",
+    "--verify-follow", "--collective-timeout-s", "--nnodes", "--rdzv-backend", "--rdzv-endpoint",
+    "--rdzv-id", "--rdzv-conf",
 ]
 
 
@@ -89,7 +89,7 @@ LAUNCH_FLAGS = [
     "--fail-at", "--fail-rank", "--max-restarts", "--keep-checkpoints", "--deadline",
     "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s", "--threads", "--nnodes",
     "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
-    "--warm-standby",
+    "--warm-standby", "--verify-follow",
 ]
 
 

@@ -13,9 +13,15 @@ follow from the step, and the hash is the expected shard's hash (:mod:`ecrl.cont
 The fast path builds the expected prefixes of the whole block with numpy and compares them byte for
 byte with the lines (one gather of each line's first ``P`` bytes through a sliding-window view).
 That single comparison proves all ten fields of every record in the block. The rest of each line
-(loss, time, sample IDs, extra fields) is still parsed by orjson, but as small objects: the
-prefixes are overwritten with spaces, newlines with commas, and the block is parsed as one JSON
-array.
+(loss, time, extra fields) is still parsed by orjson, but as small objects: the proven prefixes
+are left out of a copy of the block (all but each line's ``{``), newlines become commas, and the
+block is parsed as one JSON array.
+
+In a run that logs sample IDs the list ``"sample_ids":[...]`` of every line is proven the same
+way where the runtime wrote it (compact decimal integers): its bytes are read as numbers with
+numpy (:func:`_id_lists`) and compared with the expected shards, then left out too, so that the
+parse sees ``"sample_ids":[]``; the IDs are never built as Python objects. Any other form of the
+list (blanks, a second list under the key, a float) is parsed and compared as Python lists.
 
 That array parse is exactly equivalent to parsing each line on its own, because (1) the block
 has exactly one ``{`` per line, at its first byte, and one ``}`` per line, at its last byte, so
@@ -309,32 +315,38 @@ class RankLog:
             if not np.array_equal(window[rows], expected):
                 return None
             proven.append((window, rows, expected))
-        # Every prefix is proven; reduce each line to "{<spaces>rest" and parse them all at once.
+        # Every prefix is proven; reduce each line to "{rest" and parse them all at once.
         if (np.count_nonzero(arr == _LBRACE) != n or np.count_nonzero(arr == _RBRACE) != n
                 or not np.all(arr[ends - 1] == _RBRACE)):
             return None
+        # Logged IDs: proven byte by byte too where they are written as the runtime writes them;
+        # then the parse below only sees "sample_ids":[].
+        id_lists = _id_lists(arr, ends, expected_ids) if self.log_ids else None
+        # The proven bytes are left out (not parsed again): what is left of each line is
+        # "{" and the rest of its object, with JSON's meaning unchanged (a prefix ends with
+        # its comma, and nothing left out was inside a string).
+        keep = np.ones(arr.size, dtype=bool)
         for window, rows, _ in proven:
-            window[rows, 1:] = _SPACE
-        arr[ends] = _COMMA
-        arr[ends[-1]] = _RBRACKET
-        arr[0] = _LBRACKET
+            as_strided(keep, shape=window.shape, strides=(1, 1))[rows, 1:] = False
+        if id_lists is not None:
+            keep &= ~id_lists
+        rest = arr[keep]
+        rest[rest == _NL] = _COMMA
+        rest[0] = _LBRACKET
+        rest[-1] = _RBRACKET
         batch = None
         try:
-            rests = loads(bytes(memoryview(buf)[: arr.size]))
+            rests = loads(rest.tobytes())
         except Exception:
             rests = None
         if isinstance(rests, list) and len(rests) == n:
-            batch = self._fast_rests(rests, steps, expected_ids if self.log_ids else None)
-        if batch is None:
-            # Put the block back as it was read, for the slow path.
-            for window, rows, expected in proven:
-                window[rows] = expected
-            arr[ends] = _NL
-            arr[0] = 0
+            batch = self._fast_rests(rests, steps, expected_ids if self.log_ids else None,
+                                     ids_proven=id_lists is not None)
         return batch
 
     def _fast_rests(self, rests: list[Any], steps: npt.NDArray[np.int64],
-                    expected_ids: npt.NDArray[np.int64] | None) -> Batch | None:
+                    expected_ids: npt.NDArray[np.int64] | None, *, ids_proven: bool = False
+                    ) -> Batch | None:
         first = rests[0]
         if not isinstance(first, dict) or "loss" not in first or "time" not in first:
             return None
@@ -355,6 +367,14 @@ class RankLog:
             if expected_ids is None:
                 return None
             lists = list(map(_get_ids, rests))
+            if ids_proven:
+                # _id_lists proved the bytes of each line's one "sample_ids" list; what is left
+                # of it must be the top-level key's, now empty, in every record.
+                if set(map(type, lists)) != {list} or any(lists):
+                    return None
+                return Batch(first_line=self.next_line, steps=steps,
+                             time=np.array(times, dtype=np.float64), fast=True, loss=loss,
+                             id_block=expected_ids)
             # Equal as Python lists (1 == 1.0 == True, hence the type check after) is cheaper
             # than converting a million small lists to an array.
             if set(map(type, lists)) != {list} or lists != expected_ids.tolist():
@@ -419,6 +439,80 @@ class RankLog:
             raise RunFormatError(path, number, "run.json sets log_ids but this record has no "
                                                "sample_ids")
         return record
+
+
+_IDS_KEY = np.frombuffer(b'"sample_ids":[', dtype=np.uint8)
+_MAX_ID_DIGITS = 18
+
+
+def _id_lists(arr: npt.NDArray[np.uint8], ends: npt.NDArray[np.intp],
+              expected_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_] | None:
+    """Where each line's ``"sample_ids":[...]`` list holds exactly its expected shard: a mask
+    of the bytes between the brackets, else None (the IDs are then parsed and compared).
+
+    Proven when every line holds the key exactly once, and the bytes up to the next ``]`` are
+    decimal integers without sign, leading zero or blank, separated by single commas, whose
+    values are the line's row of ``expected_ids``. JSON reads such a list as exactly those
+    Python ints (no float, no bool), as the comparison of parsed lists would find; a line with
+    a second list under that key (nested, or a repeated key) has two matches and is refused.
+    The byte sequence cannot occur inside a JSON string (its quote before the colon would be
+    escaped), so a match is a key; that it is the top-level one is checked after the parse (the
+    blanked list must come back as the record's empty ``sample_ids``).
+    """
+    n, per = expected_ids.shape
+    k = _IDS_KEY.size
+    if per == 0 or arr.size < k:
+        return None
+    opens = np.flatnonzero(arr == _LBRACKET)
+    opens = opens[opens >= k - 1]
+    keys = as_strided(arr, shape=(arr.size - k + 1, k), strides=(1, 1))
+    opens = opens[np.all(keys[opens - (k - 1)] == _IDS_KEY, axis=1)]
+    # Exactly one key per line, in order.
+    if opens.size != n or not np.array_equal(np.searchsorted(ends, opens), np.arange(n)):
+        return None
+    closes = np.flatnonzero(arr == _RBRACKET)
+    at = np.searchsorted(closes, opens)
+    if at.size and int(at[-1]) >= closes.size:
+        return None
+    closes = closes[at]
+    if np.any(closes > ends):
+        return None
+    # The lists' bytes back to back, each closed by its "]": ranges (opens, closes].
+    spans = np.empty(2 * n, dtype=np.int64)
+    spans[0] = opens[0] + 1
+    spans[1::2] = closes - opens
+    spans[2::2] = opens[1:] - closes[:-1]
+    inside = np.zeros(2 * n, dtype=bool)
+    inside[1::2] = True
+    lists = np.zeros(arr.size, dtype=bool)
+    lists[: int(closes[-1]) + 1] = np.repeat(inside, spans)
+    text = arr[lists]
+    sep = (text == _COMMA) | (text == _RBRACKET)
+    digits = text - 48
+    if not np.all(sep | (digits <= 9)):  # uint8: anything below "0" wraps past 9
+        return None
+    stops = np.flatnonzero(sep)  # one per number: its separator
+    if stops.size != n * per:
+        return None
+    if not np.array_equal(stops[per - 1 :: per], np.flatnonzero(text == _RBRACKET)):
+        return None  # not `per` numbers in each line's list
+    lengths = np.diff(stops, prepend=-1) - 1
+    if int(lengths.min()) < 1 or int(lengths.max()) > _MAX_ID_DIGITS:
+        return None
+    if np.any((digits[stops - lengths] == 0) & (lengths > 1)):
+        return None  # a leading zero is not JSON
+    width = int(lengths.max())
+    digits[sep] = 0
+    padded = np.zeros(text.size + width, dtype=np.uint8)
+    padded[width:] = digits
+    cells = as_strided(padded, shape=(text.size + 1, width), strides=(1, 1))[stops]
+    # cells[i] ends at number i's last digit; bytes before its start must not count.
+    keep = np.arange(width)[None, :] >= (width - lengths)[:, None]
+    values = (cells * keep).astype(np.int64) @ _POW10[width - 1 :: -1]
+    if not np.array_equal(values, expected_ids.ravel()):
+        return None
+    lists[closes] = False
+    return lists
 
 
 def _id_array(values: list[int]) -> npt.NDArray[np.int64]:

@@ -219,6 +219,15 @@ class SampleCoverage:
         # Saturating at 2 keeps one byte per sample exact for "once" vs "more than once".
         counts[unique] = np.minimum(counts[unique].astype(np.int64) + times, 2).astype(np.uint8)
 
+    def add_distinct(self, epoch: int, ids: npt.NDArray[np.int64]) -> None:
+        """Count IDs known to be distinct and in range (the expected shards of distinct steps
+        of one rank: disjoint slices of the epoch's permutation), without sorting them."""
+        counts = self._counts.get(epoch)
+        if counts is None:
+            counts = self._counts[epoch] = np.zeros(self.geometry.dataset_size, dtype=np.uint8)
+        self.samples_counted += int(ids.size)
+        counts[ids] = np.minimum(counts[ids], 1) + 1
+
     def expected_mask(self, epoch: int) -> npt.NDArray[np.bool_]:
         """Samples the epoch's steps below target_steps consume (by the window definition)."""
         g = self.geometry

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +22,7 @@ import numpy.typing as npt
 from ecrl.contract import semantics
 from ecrl.contract.errors import RunFormatError
 from ecrl.contract.runformat import check_entry
+from verifier._parallel import ScannedFile, ScannedLog, ScanTask, Submit
 from verifier._scan import Batch, RankLog
 from verifier.anomalies import Anomaly, AnomalySink, Note
 from verifier.audit import AuditCoverage, EpochHashes, StepAudit
@@ -57,8 +60,11 @@ class Ingest:
     def __init__(self, inputs: RunInputs, lineage: Lineage, *, want_series: bool,
                  reference_loss: npt.NDArray[np.float64] | None,
                  progress: Progress | None, want_windows: bool = False,
-                 replay_tolerance: float = DEFAULT_TOLERANCE) -> None:
+                 replay_tolerance: float = DEFAULT_TOLERANCE,
+                 submit: Submit | None = None) -> None:
         self.inputs = inputs
+        self.submit = submit
+        self._scans: dict[int, dict[int, Future[ScannedFile]]] = {}
         self.lineage = lineage
         self.geometry = inputs.geometry
         self.manifest = inputs.manifest
@@ -120,13 +126,51 @@ class Ingest:
     # -- scanning --------------------------------------------------------------------------
 
     def scan(self) -> None:
+        plans = self.lineage.plans
         try:
-            for plan in self.lineage.plans:
+            for i, plan in enumerate(plans):
+                # With workers: the next attempt's files are scanned while this one is judged.
+                for ahead in plans[i : i + 2]:
+                    self._start_scans(ahead)
                 self._scan_attempt(plan)
         except (RunFormatError, Unusable) as exc:
             self.unknown.append(str(exc))
             self.aborted = True
+        finally:
+            for futures in self._scans.values():
+                for future in futures.values():
+                    future.cancel()
         self.close()
+
+    def _local_batch(self, plan: AttemptPlan) -> int | None:
+        b, w = self.geometry.global_batch, plan.world_size
+        # An external sampler's ranks may hold unequal shares of B: only their sum is checked.
+        return b // w if b % w == 0 and not self.audit else None
+
+    def _log_options(self, plan: AttemptPlan, rank: int, *, ahead: bool = False
+                     ) -> dict[str, Any]:
+        """RankLog's arguments for one rank log of ``plan`` (other than the path). ``ahead``:
+        for a scan started before the attempts before it are judged (losses read whenever
+        the replay check may want them; reading more never changes a verdict)."""
+        wants = self.replay.may_want if ahead else self.replay.wants
+        return dict(attempt=plan.attempt, rank=rank, world_size=plan.world_size,
+                    local_batch=self._local_batch(plan), geometry=self.geometry,
+                    seed=self.manifest.seed, torn_ok=plan.torn_ok, start_step=plan.lo,
+                    fast=not self.audit, root=self.inputs.root, log_ids=self.manifest.log_ids,
+                    want_loss=self.want_series or wants(plan.attempt))
+
+    def _start_scans(self, plan: AttemptPlan) -> None:
+        if self.submit is None or plan.attempt in self._scans:
+            return
+        try:
+            files = self.inputs.paths.rank_logs(plan.attempt)
+        except OSError:
+            # Not ahead of time: the attempt's own turn lists it again and meets the error
+            # where reading in process would.
+            return
+        self._scans[plan.attempt] = {
+            rank: self.submit(ScanTask(path, self._log_options(plan, rank, ahead=True)))
+            for rank, path in files.items() if rank < plan.world_size}
 
     def _say(self, message: str, *, force: bool = False) -> None:
         if self.progress is None:
@@ -139,15 +183,15 @@ class Ingest:
     def _scan_attempt(self, plan: AttemptPlan) -> None:
         k, w = plan.attempt, plan.world_size
         b = self.geometry.global_batch
-        # An external sampler's ranks may hold unequal shares of B: only their sum is checked.
-        local = b // w if b % w == 0 and not self.audit else None
+        local = self._local_batch(plan)
+        scans = self._scans.pop(k, None)
         if local is None and not self.audit:
             self.sink.add(Anomaly(
                 kind="world_size_mismatch", file="supervisor.json", attempt=k,
                 expected=f"a divisor of {b}", actual=str(w),
                 evidence={"world_size": w, "global_batch": b}))
         files = self.inputs.paths.rank_logs(k)
-        readers = []
+        readers: list[RankLog | ScannedLog] = []
         for rank, path in files.items():
             rel = self.inputs.rel(path)
             self.files[(k, rank)] = rel
@@ -163,12 +207,11 @@ class Ingest:
                         evidence={"world_size": w}))
                 continue
             self.ledgers[(k, rank)] = StepRuns()
-            readers.append(RankLog(
-                path, attempt=k, rank=rank, world_size=w, local_batch=local,
-                geometry=self.geometry, seed=self.manifest.seed, torn_ok=plan.torn_ok,
-                start_step=plan.lo, fast=not self.audit, root=self.inputs.root,
-                log_ids=self.manifest.log_ids,
-                want_loss=self.want_series or self.replay.wants(k)))
+            if scans is not None and rank in scans:
+                readers.append(ScannedLog(path, scans[rank], rank=rank, local_batch=local,
+                                          start_step=plan.lo))
+            else:
+                readers.append(RankLog(path, **self._log_options(plan, rank)))
         stats = self.stats[k]
         stats.timeline_rank = min((r.rank for r in readers), default=None)
         streams = [(r, r.batches()) for r in readers]
@@ -198,7 +241,7 @@ class Ingest:
         self.replay.attempt_done(k)
         self._say(f"attempt {k} done ({self.records:,} records so far)", force=True)
 
-    def _take(self, plan: AttemptPlan, reader: RankLog, batch: Batch) -> None:
+    def _take(self, plan: AttemptPlan, reader: RankLog | ScannedLog, batch: Batch) -> None:
         n = len(batch)
         if n == 0:
             return
@@ -279,7 +322,7 @@ class Ingest:
             self.epoch_hashes.add(batch.steps[rows] // self.geometry.steps_per_epoch,
                                   counts[rows], batch.hashes[rows])
 
-    def _windows(self, plan: AttemptPlan, reader: RankLog, batch: Batch,
+    def _windows(self, plan: AttemptPlan, reader: RankLog | ScannedLog, batch: Batch,
                  committed: npt.NDArray[np.bool_]) -> None:
         assert self.win_hash is not None and self.win_count is not None
         rows = np.flatnonzero(committed & (batch.steps < self.target))
@@ -333,7 +376,8 @@ class Ingest:
             if epoch in self.finished_epochs:
                 self.late_records += hi - lo
                 continue
-            self.samples.add_epoch(epoch, batch.id_block[rows[lo:hi]].ravel())
+            # Proven equal to the expected shards of distinct steps: distinct, in range.
+            self.samples.add_distinct(epoch, batch.id_block[rows[lo:hi]].ravel())
 
     def _count_samples(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                        committed: npt.NDArray[np.bool_]) -> None:

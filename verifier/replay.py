@@ -85,6 +85,11 @@ class ReplayTracker:
         """Whether the records of ``attempt`` are needed (their losses must be read)."""
         return attempt in self.resume_of_next or self.previous.get(attempt) in self.old
 
+    def may_want(self, attempt: int) -> bool:
+        """Whether the records of ``attempt`` may be needed, known before any attempt is read
+        (a superset of :meth:`wants`, for scans started ahead of the judgement)."""
+        return attempt in self.resume_of_next or attempt in self.previous
+
     def take(self, *, attempt: int, rank: int, steps: npt.NDArray[np.int64],
              loss: npt.NDArray[np.float64] | None, local_batch: npt.NDArray[np.int64] | int,
              first_line: int, file: str) -> None:

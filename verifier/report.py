@@ -21,7 +21,8 @@ from verifier.anomalies import KINDS, OBLIGATIONS, Anomaly, Note
 from verifier.explain import explain
 from verifier.result import Metrics, RunResult, VerifyResult
 
-__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report"]
+__all__ = ["render_text", "render_json", "render_junit", "render_markdown", "write_report",
+           "render_anomaly_line", "render_progress_line"]
 
 WITNESSES_SHOWN = 3
 WARNINGS_SHOWN = 5
@@ -221,6 +222,29 @@ def _run_text(run: RunResult) -> list[str]:
         if len(run.warnings) > WARNINGS_SHOWN:
             out.append(f"    … {len(run.warnings) - WARNINGS_SHOWN} more (--format json)")
     return out
+
+
+def render_anomaly_line(run: RunResult, a: Anomaly) -> str:
+    """One anomaly on one line (``--follow`` prints each as soon as it is proved)."""
+    where = _at(run, a)
+    return f"{a.kind}: {explain(a)}" + (f" at {where}" if where else "")
+
+
+def render_progress_line(run: RunResult, *, status: str | None, anomalies: int) -> str:
+    """What following a run has proved so far, on one line."""
+    records = run.checked.get("records", 0)
+    if run.unfinished is None:
+        proved = f"steps 0..{run.metrics.committed_steps - 1} committed"
+    elif run.unfinished.committed_steps:
+        proved = (f"steps 0..{run.unfinished.committed_steps - 1} of "
+                  f"{run.unfinished.target_steps} proved (to the last durable checkpoint)")
+    else:
+        proved = f"no step of {run.unfinished.target_steps} durable yet"
+    last = (f", attempt {run.unfinished.attempt} at step {run.unfinished.last_step}"
+            if run.unfinished is not None and run.unfinished.last_step is not None else "")
+    return (f"{status or 'not started'}{last}: {records:,} records read, {proved}; "
+            f"{anomalies} anomal{'y' if anomalies == 1 else 'ies'}; verdict so far "
+            f"{run.verdict}")
 
 
 def render_text(result: VerifyResult | RunResult) -> str:

@@ -2,9 +2,9 @@
 
 ``pip install ecrl`` installs what the verifier, the transformer and this contract import; the
 runtime (torch) comes with ``ecrl[train]`` and the plots (matplotlib) with ``ecrl[plots]``, which
-``train`` includes (pyproject.toml). A command or name that needs one checks here first, before
-it starts any work, so that a missing package is one actionable line instead of a traceback from
-deep inside a launched process.
+``train`` includes, and Ray (``ecrl-verify --ray``) with ``ecrl[ray]`` (pyproject.toml). A
+command or name that needs one checks here first, before it starts any work, so that a missing
+package is one actionable line instead of a traceback from deep inside a launched process.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "torch": ("PyTorch", "train"),
     "torchvision": ("torchvision", "train"),
     "matplotlib": ("matplotlib", "plots"),
+    "ray": ("Ray", "ray"),
 }
 """import name -> (what a person calls it, the extra of pyproject.toml that installs it)."""
 

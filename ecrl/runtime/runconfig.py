@@ -68,6 +68,7 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
                      "rdzv_endpoint", "rdzv_id", "rdzv_conf"), str),
     "log_ids": bool,
     "warm_standby": bool,
+    "verify_follow": bool,
     "lr": (int, float),
     "collective_timeout_s": (int, float),
     **dict.fromkeys(("deadline_k_step", "deadline_k_ckpt", "hang_timeout_s"), (int, float)),
@@ -138,6 +139,7 @@ class RunConfig:
     image_size: int = TRAINER_DEFAULTS.image_size
     threads: int | None = TRAINER_DEFAULTS.threads
     warm_standby: bool = SUPERVISOR_DEFAULTS.warm_standby
+    verify_follow: bool = SUPERVISOR_DEFAULTS.verify_follow
     collective_timeout_s: float = SUPERVISOR_DEFAULTS.collective_timeout_s
     nnodes: int = SUPERVISOR_DEFAULTS.nnodes
     rdzv_backend: str | None = SUPERVISOR_DEFAULTS.rdzv_backend
@@ -335,7 +337,7 @@ def run_flags() -> tuple[RunFlag, ...]:
 LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
                "max_restarts", "keep_checkpoints", "deadline", "deadline_k_step",
                "deadline_k_ckpt", "hang_timeout_s", "threads", "nnodes", "rdzv_backend",
-               "rdzv_endpoint", "rdzv_id", "rdzv_conf", "warm_standby")
+               "rdzv_endpoint", "rdzv_id", "rdzv_conf", "warm_standby", "verify_follow")
 """The settings of ``ecrl launch``: the supervisor's and the checkpoint section (a subset of
 ``ecrl run``'s; data, model, batch and steps are the script's)."""
 _LAUNCH_HELP = {

@@ -365,6 +365,9 @@ class SupervisorSettings:
     warm_standby: bool = False
     """Start the next attempt's torchrun while this one trains, so that a restart skips the
     launch, the rendezvous and the imports (single node; costs the memory of idle ranks)."""
+    verify_follow: bool = False
+    """Run ecrl-verify --follow beside the run: each anomaly on stderr as soon as the logs
+    prove it, and the verifier's verdict in the run's summary."""
     collective_timeout_s: float = 60.0
     """S: timeout of every collective: how long a hung (not dead) peer can stall the job."""
     nnodes: int = 1

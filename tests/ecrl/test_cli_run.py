@@ -56,7 +56,8 @@ def test_run_flags_are_pinned() -> None:
         "--dataset-size", "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every",
         "--strategy", "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids",
         "--max-restarts", "--deadline", "--keep-checkpoints", "--lr", "--image-size",
-        "--threads", "--warm-standby", "--collective-timeout-s", "--nnodes", "--rdzv-backend",
+        "--threads", "--warm-standby", "--verify-follow", "--collective-timeout-s", "--nnodes",
+        "--rdzv-backend",
         "--rdzv-endpoint",
         "--rdzv-id", "--rdzv-conf", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s"])
 

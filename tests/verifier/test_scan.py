@@ -143,6 +143,56 @@ def test_tricky_edits_read_the_same_both_ways(logs: dict[bool, bytes], tmp_path:
             outcome(path, log_ids=False, fast=False, block=block)
 
 
+TRICKY_IDS = [
+    (b'"sample_ids":[', b'"sample_ids":[ '),                   # a blank
+    (b'"sample_ids":[', b'"sample_ids":[0'),                   # a leading zero
+    (b'"sample_ids":[', b'"sample_ids":[-'),                   # a sign
+    (b'"sample_ids":[', b'"sample_ids":[['),                   # a nested list
+    (b'"sample_ids":[', b'"sample_ids":[1,'),                  # one ID too many
+    (b'],"step_s"', b'.0],"step_s"'),                          # a float
+    (b'],"step_s"', b'e0],"step_s"'),                          # an exponent
+    (b'"sample_ids":[', b'"sample_ids":[],"sample_ids":['),    # the key repeated
+    (b'"loss":', b'"x":{"sample_ids":[1,2]},"loss":'),         # a nested key as well
+    (b'"loss":', b'"x\\"sample_ids":[1,2],"loss":'),        # a key that ends in the name
+    (b'"sample_ids":', b'"sample_idz":'),                      # the key missing
+]
+
+
+@pytest.mark.parametrize(("old", "new"), TRICKY_IDS)
+@pytest.mark.parametrize("everywhere", [False, True])
+def test_tricky_id_lists_read_the_same_both_ways(logs: dict[bool, bytes], tmp_path: Path,
+                                                 old: bytes, new: bytes, everywhere: bool
+                                                 ) -> None:
+    data = logs[True]
+    assert old in data
+    data = data.replace(old, new) if everywhere else data.replace(old, new, 1)
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(data)
+    for block in (200, 1 << 20):
+        assert outcome(path, log_ids=True, fast=True, block=block) == \
+            outcome(path, log_ids=True, fast=False, block=block)
+
+
+def test_logged_ids_are_proven_without_parsing_them(logs: dict[bool, bytes], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's ID lists are proven from their bytes: no block falls back to comparing
+    parsed lists (which would be as correct, but slower)."""
+    import verifier._scan as scan
+
+    proven = []
+
+    def spy(*args: Any) -> Any:
+        proven.append(scan_id_lists(*args) is not None)
+        return scan_id_lists(*args)
+
+    scan_id_lists = scan._id_lists
+    monkeypatch.setattr(scan, "_id_lists", spy)
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[True])
+    rows, fast = read(path, log_ids=True, fast=True, block=1 << 20)
+    assert fast == len(rows) > 0 and proven == [True]
+
+
 @given(st.booleans(), edits(), st.sampled_from([97, 1000, 1 << 20]), st.booleans())
 @example(False, [(5, "replace", b"}")], 1 << 20, False)
 def test_fast_path_never_reads_differently(logs: dict[bool, bytes], tmp_path_factory: Any,

@@ -37,7 +37,8 @@ def test_flags_are_pinned() -> None:
     assert out.stdout.startswith("usage: ecrl-verify [-h] [--format {text,json,junit}] "
                                  "[--reference RUN]")
     for flag in ("--format {text,json,junit}", "--reference RUN", "--report DIR", "--self-test",
-                 "--same-order RUN2", "--replay-tolerance REL", "PATH"):
+                 "--same-order RUN2", "--replay-tolerance REL", "--jobs N", "--ray [ADDRESS]",
+                 "--follow", "PATH"):
         assert flag in out.stdout
 
 

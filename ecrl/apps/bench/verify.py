@@ -111,6 +111,8 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
             n += len(list(map(loads, lines)))
         return n
 
+    if case["kind"] in SCALE_KINDS:
+        return SCALE_KINDS[case["kind"]](root, case)
     if case["kind"] == "verify":
         from verifier.check import verify_run
 
@@ -119,7 +121,7 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
         result = None
         for _ in range(case["repeats"]):
             t0 = time.perf_counter()
-            result = verify_run(root)
+            result = verify_run(root, jobs=case.get("jobs", 1))
             samples.append(time.perf_counter() - t0)
         assert result is not None
         peak = _rss_kib("VmHWM")
@@ -139,6 +141,155 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
     peak = _rss_kib("VmHWM")
     return {"seconds": best, "peak_bytes": peak * 1024,
             "extra_bytes": max(0, peak - baseline) * 1024, "records": n}
+
+
+def _ray_scan(root: Path, case: dict[str, Any]) -> dict[str, Any]:
+    """A local Ray of ``jobs`` CPUs: its start, then the best of ``repeats`` verifications."""
+    from verifier._ray import LOCAL, ray_workers
+    from verifier.check import verify_run
+
+    t0 = time.perf_counter()
+    with ray_workers(LOCAL, jobs=case["jobs"]) as submit:
+        started = time.perf_counter() - t0
+        samples = []
+        verdict = None
+        for _ in range(case["repeats"]):
+            t1 = time.perf_counter()
+            verdict = verify_run(root, submit=submit).verdict
+            samples.append(time.perf_counter() - t1)
+        t2 = time.perf_counter()
+    return {"seconds": min(samples), "start_s": started, "stop_s": time.perf_counter() - t2,
+            "verdict": verdict}
+
+
+def _parent_only(root: Path, case: dict[str, Any]) -> dict[str, Any]:
+    """The parent's share of a verification: the judgement of batches already scanned (every
+    scan done by a pool first, handed back as finished futures)."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    from verifier._parallel import ScannedFile, ScanTask, scan_file
+    from verifier.check import verify_run
+
+    done: dict[tuple[str, int], ScannedFile] = {}
+
+    def key(task: ScanTask) -> tuple[str, int]:
+        return str(task.path), int(task.options["attempt"])
+
+    def handed(scanned: ScannedFile) -> Future[ScannedFile]:
+        # The reader takes a scan's batches (it empties the list): hand out a copy of the list.
+        future: Future[ScannedFile] = Future()
+        future.set_result(replace(scanned, batches=list(scanned.batches)))
+        return future
+
+    def scan_now(task: ScanTask) -> Future[ScannedFile]:
+        done[key(task)] = scan_file(task)
+        return handed(done[key(task)])
+
+    def finished(task: ScanTask) -> Future[ScannedFile]:
+        return handed(done[key(task)])
+
+    samples = []
+    for _ in range(case["repeats"]):
+        verify_run(root, submit=scan_now)
+        t0 = time.perf_counter()
+        verify_run(root, submit=finished)
+        samples.append(time.perf_counter() - t0)
+    return {"seconds": min(samples)}
+
+
+def _task_overhead(root: Path, case: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per scan task of a one-record rank log, ``n`` of them through a pool or a local
+    Ray of ``jobs`` workers: what each file costs beyond its records."""
+    import shutil
+
+    from verifier._parallel import ScanTask, process_pool, scan_file
+    from verifier.lineage import lineage_of
+    from verifier.schema import read_inputs
+
+    inputs = read_inputs(root)
+    plan = lineage_of(inputs).plans[0]
+    source = inputs.paths.rank_logs(plan.attempt)[0]
+    tiny_dir = Path(tempfile.mkdtemp(prefix="ecrl-bench-task-"))
+    try:
+        tiny = tiny_dir / "rank-000.jsonl"
+        with open(source, "rb") as handle:
+            tiny.write_bytes(handle.readline())
+        b = inputs.geometry.global_batch
+        task = ScanTask(tiny, dict(
+            attempt=plan.attempt, rank=0, world_size=plan.world_size,
+            local_batch=b // plan.world_size, geometry=inputs.geometry,
+            seed=inputs.manifest.seed, torn_ok=False, start_step=plan.lo, log_ids=False,
+            want_loss=True))
+        n, jobs = case["n"], case["jobs"]
+        if case["backend"] == "ray":
+            from verifier._ray import LOCAL, ray_workers
+
+            with ray_workers(LOCAL, jobs=jobs) as submit:
+                [submit(task).result() for _ in range(jobs * 4)]  # warm the workers
+                t0 = time.perf_counter()
+                [f.result() for f in [submit(task) for _ in range(n)]]
+                seconds = time.perf_counter() - t0
+        else:
+            pool = process_pool(jobs)
+            with pool:
+                [pool.submit(scan_file, task).result() for _ in range(jobs * 4)]
+                t0 = time.perf_counter()
+                [f.result() for f in [pool.submit(scan_file, task) for _ in range(n)]]
+                seconds = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(tiny_dir, ignore_errors=True)
+    # Per task and worker: n tasks on `jobs` workers in `seconds`.
+    return {"seconds": seconds, "per_task_s": seconds * jobs / n}
+
+
+def _follow_delays(progress: Progress, *, steps: int) -> dict[str, Any]:
+    """``ecrl-verify --follow`` beside a real ``ecrl run`` (tiny CNN, 2 ranks, one injected
+    failure): for every record, the time from its flush (its ``time`` field, taken as it is
+    written) to the end of the first verification that started after it."""
+    import statistics
+
+    import orjson
+
+    from verifier.follow import FollowState, follow
+
+    spans: list[tuple[float, float]] = []
+
+    def seen(state: FollowState) -> None:
+        spans.append((state.started, time.time()))
+
+    with tempfile.TemporaryDirectory(prefix="ecrl-bench-follow-") as tmp:
+        root = Path(tmp) / "run"
+        progress(f"--follow beside a real ecrl run of {steps} steps (2 ranks, one failure)")
+        run = subprocess.Popen(
+            [sys.executable, "-m", "ecrl.apps.cli", "run", "--out", str(root),
+             "--dataset-size", "4096", "--global-batch", "8", "--steps", str(steps),
+             "--ckpt-every", "20", "--world-sizes", "2", "--strategy", "blocking",
+             "--fail-at", str(steps // 2), "--seed", "7", "--threads", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            result = follow(root, jobs=1, on_progress=seen)  # the command's 0.5 s poll
+        finally:
+            run.wait()
+        times = []
+        for log in sorted(root.glob("logs/attempt-*/rank-*.jsonl")):
+            with open(log, "rb") as handle:
+                times += [orjson.loads(line)["time"] for line in handle if line.endswith(b"\n")]
+    starts = [a for a, _ in spans]
+    delays = []
+    import bisect
+
+    for t in times:
+        i = bisect.bisect_left(starts, t)
+        if i < len(spans):
+            delays.append(spans[i][1] - t)
+    delays.sort()
+    return {"records": len(times), "verifications": len(spans), "verdict": result.verdict,
+            "median_s": statistics.median(delays),
+            "p99_s": delays[min(len(delays) - 1, int(0.99 * len(delays)))]}
+
+
+SCALE_KINDS = {"ray": _ray_scan, "parent": _parent_only, "overhead": _task_overhead}
 
 
 def _child(case: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +345,126 @@ def _kill_rate(progress: Progress, runs: int) -> tuple[int, int, int, int]:
     return harmful, killed, benign, alarms
 
 
+SCALE_SIZE = {False: 10**7, True: 10**5}
+"""The hash-only run ``--jobs``, ``--ray`` and the projection are measured on, by ``quick``."""
+FOLLOW_STEPS = 400
+PROJECTION = {"records": 10**10, "workers": 100, "ranks": 10_000, "attempts": 10,
+              "read_gb_s": 10.0}
+"""The projected job: 10^10 records of 10,000 ranks over 10 attempts (10^5 rank logs), read at
+an aggregate 10 GB/s from a parallel file system, by 100 Ray workers."""
+
+
+def _scale(rows: list[BenchRow], targets: list[Target], notes: list[str], *, quick: bool,
+           progress: Progress) -> None:
+    """--jobs 2 against --jobs 1, a local Ray, the projection to 10^10 records, --follow."""
+    size = SCALE_SIZE[quick]
+    root, info = _cached_run(size, log_ids=False, progress=progress)
+    n = info["records"]
+    progress(f"{n:,} records: ecrl-verify --jobs 1 and --jobs 2, alternating")
+    best: dict[int, float] = {}
+    load_before = os.getloadavg()[0]
+    for _ in range(3):
+        for jobs in (1, 2):
+            got = _child({"root": str(root), "kind": "verify", "repeats": 1, "jobs": jobs})
+            best[jobs] = min(best.get(jobs, got["seconds"]), got["seconds"])
+    speedup = best[1] / best[2]
+    load = (load_before + os.getloadavg()[0]) / 2
+    notes.append(f"--jobs rows: load average {load:.1f} on {os.cpu_count()} cores while they "
+                 "ran (other processes on the machine take cores from the workers: with a "
+                 "load above the core count the speedup measures that sharing, not the pool)")
+    rows.append(BenchRow(
+        candidate="--jobs 2", alternative="--jobs 1",
+        metric=f"records/s verified, millions ({n:.2g} records, hash-only; higher is better)",
+        candidate_value=n / best[2] / 1e6, alternative_value=n / best[1] / 1e6,
+        note=f"{best[2]:.2f} vs {best[1]:.2f} s; 2 worker processes scan the rank logs, the "
+             "parent judges"))
+    targets.append(Target(description=f"--jobs 2 ≥ 1.7× the throughput of --jobs 1 at {n:.2g} "
+                                      "records", measured=f"{speedup:.2f}×",
+                          met=speedup >= 1.7))
+    parent = _child({"root": str(root), "kind": "parent", "repeats": 2})["seconds"]
+    scan_rate = n / max(1e-9, best[1] - parent)  # one core's scan, records/s
+    parent_rate = n / parent
+    pool_task = _child({"root": str(root), "kind": "overhead", "n": 400, "jobs": 2,
+                        "backend": "pool"})["per_task_s"]
+    bytes_per_record = info["bytes"] / n
+    ray_task = None
+    if quick:
+        notes.append("--quick: no Ray rows, no --follow row")
+    else:
+        from ecrl.contract.extras import missing
+
+        why = missing("ray")
+        if why is not None:
+            notes.append(f"no Ray rows: {why}")
+        else:
+            progress(f"{n:,} records: ecrl-verify --ray on a local Ray of 2 workers")
+            ray = _child({"root": str(root), "kind": "ray", "repeats": 2, "jobs": 2})
+            ray_task = _child({"root": str(root), "kind": "overhead", "n": 400, "jobs": 2,
+                               "backend": "ray"})["per_task_s"]
+            rows.append(BenchRow(
+                candidate="--ray (local, 2 workers)", alternative="--jobs 2",
+                metric=f"records/s verified, millions ({n:.2g} records, hash-only; higher is "
+                       "better)",
+                candidate_value=n / ray["seconds"] / 1e6, alternative_value=n / best[2] / 1e6,
+                note=f"{ray['seconds']:.2f} vs {best[2]:.2f} s, Ray already running; each "
+                     "file's batches travel through Ray's object store"))
+            rows.append(BenchRow(
+                candidate="--ray (local, 2 workers)", alternative="--jobs 2",
+                metric="fixed cost per verification, s: start-up (lower is better)",
+                candidate_value=ray["start_s"], alternative_value=None,
+                note=f"ray.init of a local instance; shutting it down {ray['stop_s']:.1f} s "
+                     "more; a process pool forks in milliseconds"))
+            rows.append(BenchRow(
+                candidate="Ray task", alternative="process-pool task",
+                metric="overhead per rank log, ms per worker (lower is better)",
+                candidate_value=ray_task * 1e3, alternative_value=pool_task * 1e3,
+                note="400 scans of a one-record log on 2 workers"))
+    # The projection: scans, reads and the parent's judgement run side by side (the parent
+    # judges one attempt while the next is scanned), so the slowest of the three bounds it.
+    job = PROJECTION
+    files = job["ranks"] * job["attempts"]
+    per_file = ray_task if ray_task is not None else pool_task
+    t_scan = job["records"] / (job["workers"] * scan_rate) + files * per_file / job["workers"]
+    t_read = job["records"] * bytes_per_record / (job["read_gb_s"] * 1e9)
+    t_parent = job["records"] / parent_rate
+    total = max(t_scan, t_read, t_parent)
+    bound = max((("scan", t_scan), ("read", t_read), ("parent", t_parent)), key=lambda x: x[1])
+    rows.append(BenchRow(
+        candidate=f"--ray, {job['workers']} workers (projected)", alternative="goal",
+        metric=f"minutes to verify {job['records']:.0e} records (lower is better)",
+        candidate_value=total / 60, alternative_value=10.0,
+        note=f"max(scan {t_scan / 60:.1f}, read {t_read / 60:.1f}, parent {t_parent / 60:.1f}) "
+             "min; see the projection note"))
+    targets.append(Target(
+        description=f"projected: {job['records']:.0e} records on {job['workers']} Ray workers "
+                    "in ≤ 10 minutes, I/O included",
+        measured=f"{total / 60:.1f} min (bound by the {bound[0]})",
+        met=total <= 600))
+    notes.append(
+        f"projection: {job['records']:.0e} records of {job['ranks']:,} ranks × "
+        f"{job['attempts']} attempts = {files:,} rank logs, {bytes_per_record:.0f} bytes per "
+        f"record as measured = {job['records'] * bytes_per_record / 1e12:.1f} TB. Scan: "
+        f"{job['records']:.0e} / ({job['workers']} workers × {scan_rate / 1e6:.2f} M records/s "
+        f"per core, = --jobs 1 time less the parent's share) + {files:,} files × "
+        f"{per_file * 1e3:.1f} ms per file / {job['workers']} = {t_scan:,.0f} s. Read: "
+        f"{job['records'] * bytes_per_record / 1e12:.1f} TB / {job['read_gb_s']:.0f} GB/s "
+        f"aggregate = {t_read:,.0f} s. Parent: the judgement of the scanned batches runs in "
+        f"one process at {parent_rate / 1e6:.1f} M records/s (measured on batches already "
+        f"scanned) = {t_parent:,.0f} s. The three overlap, so the time is the largest: "
+        f"{total:,.0f} s = {total / 60:.1f} min; the parent also receives about 16 bytes per "
+        f"record ({job['records'] * 16 / 1e9:,.0f} GB)")
+    if not quick:
+        delays = _follow_delays(progress, steps=FOLLOW_STEPS)
+        rows.append(BenchRow(
+            candidate="--follow, median", alternative="--follow, p99",
+            metric="seconds from a record's flush to a verification that read it (lower is "
+                   "better)",
+            candidate_value=delays["median_s"], alternative_value=delays["p99_s"],
+            note=f"real ecrl run (tiny CNN, 2 ranks, {FOLLOW_STEPS} steps, one failure); "
+                 f"{delays['records']:,} records, {delays['verifications']} verifications, "
+                 f"0.5 s poll, --jobs 1; final verdict {delays['verdict']}"))
+
+
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     sizes = SIZES[quick]
     rows: list[BenchRow] = []
@@ -228,17 +499,21 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"peak memory ≤ 1 GiB at {info['records']:.2g} records",
                 measured=f"{ours['peak_bytes'] / 2**20:,.0f} MiB",
                 met=ours["peak_bytes"] <= GIB))
+    _scale(rows, targets, notes, quick=quick, progress=progress)
     # With full sample IDs the verifier also keeps per-epoch sample counts (D bytes each).
     id_size = ID_SIZE[quick]
     root, info = _cached_run(id_size, log_ids=True, progress=progress)
     progress(f"{info['records']:,} records with sample IDs: raw parse and ecrl-verify")
-    raw, ours = _side_by_side(root, rounds=2, repeats=1)
+    raw, ours = _side_by_side(root, rounds=3, repeats=2)
     rows.append(BenchRow(
         candidate="ecrl-verify", alternative="orjson raw parse",
         metric=f"seconds to read the logs ({info['records']:.2g} records with sample IDs; "
                "lower is better)",
         candidate_value=ours["seconds"], alternative_value=raw["seconds"],
         note=f"per-epoch sample counts of D = 10^6 samples; verdict {ours['verdict']}"))
+    ids_ratio = ours["seconds"] / raw["seconds"]
+    targets.append(Target(description="IDs mode ≤ 1.3× raw parse, single process",
+                          measured=f"{ids_ratio:.2f}×", met=ids_ratio <= 1.3))
     runs = MUTATED_RUNS[quick]
     harmful, killed, benign, alarms = _kill_rate(progress, runs)
     targets.append(Target(

@@ -64,6 +64,9 @@ class RunSummary:
     settings: ResolvedCheckpoint | None = None
     """The checkpoint settings in effect in the last attempt that recorded them, with where each
     came from (flag, script, default); None when no rank recorded them."""
+    verify: str | None = None
+    """``--verify-follow``: the verdict of ``ecrl-verify --follow`` on the run (None: not
+    asked for)."""
 
 
 _SETTINGS_LIMIT = 64 << 10
@@ -157,4 +160,6 @@ def render_summary(s: RunSummary) -> list[str]:
         f"checkpoints:  {s.checkpoints} durable, training stall {ms(s.stall_s_median)} median "
         f"({s.stall_s_total:.2f} s total), write {ms(s.write_s_median)} median",
         *settings,
+        *([f"verify:       {s.verify} (ecrl-verify --follow, beside the run)"]
+          if s.verify is not None else []),
     ]

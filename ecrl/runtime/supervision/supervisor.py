@@ -69,6 +69,7 @@ from ecrl.runtime.supervision.events import (
     StopRequested,
     StrayLogsSetAside,
 )
+from ecrl.runtime.supervision.follower import Follower
 from ecrl.runtime.supervision.hung import kill_remaining_workers, survivors_done
 from ecrl.runtime.supervision.policy import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Outcome
 from ecrl.runtime.supervision.progress import ProgressMeter, StepTail, attempt_steps
@@ -115,6 +116,8 @@ class Supervisor:
     _standby: Standby | None = field(default=None, init=False)
     _hung_killed: list[int] | None = field(default=None, init=False)
     """The current attempt's hung ranks this supervisor killed (:mod:`.hung`); None: none yet."""
+    _follower: Follower | None = field(default=None, init=False)
+    """``--verify-follow``: the verifier following the run."""
 
     def _report(self, event: Event) -> None:
         self.reporter.report(event)
@@ -361,6 +364,8 @@ class Supervisor:
         finally:
             if self._standby is not None:  # an attempt that will not run
                 self._standby.stop()
+            if self._follower is not None:  # it ends by itself once the run's status is final
+                self._follower.verdict()
 
     def _run(self) -> int:
         # A duration counts from this command's start, not from each attempt's.
@@ -368,6 +373,9 @@ class Supervisor:
         if not self._open_run():
             return EXIT_OK
         self._report(self._opened())
+        if self.config.verify_follow:
+            self._follower = Follower(self.paths.root)
+            self._follower.start()
         relaunches = 0
         with stop_signals(self._on_signal):
             while True:
@@ -497,6 +505,8 @@ class Supervisor:
     def _report_completed(self) -> None:
         from ecrl.runtime.supervision.summary import summarize
 
-        self._report(RunCompleted(command=self.name, root=self.paths.root,
-                                  summary=summarize(str(self.paths.root))))
+        summary = summarize(str(self.paths.root))
+        if self._follower is not None:
+            summary = replace(summary, verify=self._follower.verdict())
+        self._report(RunCompleted(command=self.name, root=self.paths.root, summary=summary))
 
