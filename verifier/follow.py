@@ -14,7 +14,10 @@ worker processes of ``--jobs`` — and each anomaly not reported before is hande
 ``on_anomaly`` at once, the state to ``on_progress``. The loop ends after the first
 verification that started once ``supervisor.json`` said the run had ended (``completed``,
 ``failed``, ``stopped``, ``deadline``): the supervisor writes that status after every rank
-exited, so that verification read the final logs and its verdict is the offline one. Ctrl-C
+exited, so that verification read the final logs and its verdict is the offline one. A run
+launched without ``ecrl launch`` has no supervisor: it ends once its newest attempt's own record
+(``attempt.json``) says it completed the run; one that stops short of that is followed until
+Ctrl-C. Ctrl-C
 ends it with the verdict so far: ``FAIL`` if an anomaly was found, else ``UNKNOWN``.
 
 Each verification reads the whole run again: its cost grows with the logs (about a second per
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ecrl.contract.runformat import is_run_dir
+from ecrl.contract.runformat import RunPaths, is_run_dir
 from verifier._parallel import Submit
 from verifier.anomalies import Anomaly
 from verifier.check import verify_run, workers
@@ -61,9 +64,20 @@ class FollowState:
 
 
 def _status(root: Path) -> str | None:
+    """``supervisor.json``'s status; for a run no supervisor watches (launched without ``ecrl
+    launch``), ``completed`` once its newest attempt recorded that it completed the run
+    (``attempt.json``: written after that attempt's rank 0 logged the last step, by which time
+    every rank had flushed its records of it), else None."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json.loads((root / "supervisor.json").read_bytes()).get("status")
         return status if isinstance(status, str) else None
+    if (root / "supervisor.json").exists():
+        return None
+    attempts = RunPaths.of(root).attempts()
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        record = RunPaths.of(root).attempt_record(attempts[-1]) if attempts else None
+        if record is not None and json.loads(record.read_bytes()).get("status") == "completed":
+            return "completed"
     return None
 
 

@@ -148,3 +148,24 @@ def test_the_attempt_record_is_valid_json_of_the_documented_fields(tmp_path: Pat
     assert set(data) == {"schema_version", "attempt", "world_size", "resumed_from_step",
                          "resumed_from_checksum", "launcher", "status", "start_time",
                          "end_time", "last_step"}
+
+
+def test_follow_ends_with_the_offline_verdict_once_the_last_attempt_completed(
+        tmp_path: Path) -> None:
+    from verifier.follow import INTERRUPTED, follow
+
+    polls: list[float] = []
+
+    def sleep(seconds: float) -> None:  # Ctrl-C after a few polls: follow must not need it
+        polls.append(seconds)
+        if len(polls) > 3:
+            raise KeyboardInterrupt
+
+    run = tmp_path / "run"
+    _launch(run, stop_after=9)
+    unfinished = follow(run, poll_s=0.0, sleep=sleep)  # no supervisor says it ended: Ctrl-C
+    assert unfinished.verdict == "UNKNOWN" and INTERRUPTED in unfinished.runs[0].unknown[-1]
+    _launch(run)
+    polls.clear()
+    done = follow(run, poll_s=0.0, sleep=sleep)
+    assert done.verdict == "PASS" and len(polls) == 0, render_text(done)
