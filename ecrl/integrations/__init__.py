@@ -1,0 +1,5 @@
+"""ECRL inside the frameworks people train with (docs/library.md, "Frameworks").
+
+``ecrl.integrations.lightning``: PyTorch Lightning. Each module imports its framework when it is
+imported itself; ``import ecrl`` and ``import ecrl.integrations`` import neither it nor torch.
+"""
