@@ -1,5 +1,6 @@
 """ECRL inside the frameworks people train with (docs/library.md, "Frameworks").
 
-``ecrl.integrations.lightning``: PyTorch Lightning. Each module imports its framework when it is
+``ecrl.integrations.lightning``: PyTorch Lightning (``ECRLCallback``);
+``ecrl.integrations.accelerate``: HF Accelerate (``ECRLTracker``). Each module imports its framework when it is
 imported itself; ``import ecrl`` and ``import ecrl.integrations`` import neither it nor torch.
 """

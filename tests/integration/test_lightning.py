@@ -9,7 +9,8 @@
   resumed at world size 2, it ends bit-identical to the uninterrupted run, with Lightning's own
   global step and epoch right; finished at world size 1 instead, PASS with windows checked.
 
-Every launch imports Lightning in two processes: the runs are made once per module.
+Every launch imports Lightning in two processes: the runs are made once per module, two chains
+at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,14 +56,13 @@ def _killed_then_resumed(out: Path, *args: str, devices: int = 2) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("lightning")
-    audit = base / "audit"
-    _killed_then_resumed(audit)
-    reference = base / "reference"
-    done = _launch(reference, "--exact")
+def _audit_and_reference(base: Path) -> None:
+    _killed_then_resumed(base / "audit")
+    done = _launch(base / "reference", "--exact")
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _exact(base: Path) -> None:
     exact = base / "exact"
     killed = _launch(exact, "--exact", "--fail-at", str(FAIL_AT))
     assert killed.returncode == 137, killed.stderr[-3000:]
@@ -70,7 +71,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for run, devices in ((exact, 2), (shrunk, 1)):
         done = _launch(run, "--exact", "--devices", str(devices))
         assert done.returncode == 0, done.stderr[-3000:]
-    return {"audit": audit, "reference": reference, "exact": exact, "shrunk": shrunk}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("lightning")
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(_audit_and_reference, base), pool.submit(_exact, base)]:
+            future.result()
+    return {name: base / name for name in ("audit", "reference", "exact", "shrunk")}
 
 
 def test_lightnings_own_mid_epoch_resume_fails_the_audit(runs: dict[str, Path]) -> None:
