@@ -3,7 +3,8 @@
 For every case: one launch killed after step ``--fail-at`` (every rank exits 137), a second launch
 that resumes the framework's documented way (at world size 2, or 1), then ``ecrl-verify``.
 
-    python docs/examples/frameworks_table.py lightning --out runs/table
+    python docs/examples/frameworks_table.py lightning --out runs/table-lightning
+    python docs/examples/frameworks_table.py accelerate --out runs/table-accelerate
 """
 
 from __future__ import annotations
@@ -16,19 +17,31 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = {"lightning": HERE / "lightning_train.py"}
+SCRIPTS = {"lightning": HERE / "lightning_train.py", "accelerate": HERE / "accelerate_train.py"}
 # 64 samples, global batch 8: 8 steps per epoch; 24 steps. Checkpoints every 3 steps (resume
 # from step 11: epoch 1, cursor 3) or every 8 (resume from step 7: the end of epoch 0).
 WHERE = {"mid-epoch": (3, 12), "epoch end": (8, 9)}
 
 
+def launcher(framework: str, devices: int) -> list[str]:
+    """The framework's own launcher for ``devices`` processes, up to the script's flags."""
+    if framework == "lightning":  # Lightning starts its ranks itself
+        return [sys.executable, str(SCRIPTS[framework]), "--devices", str(devices)]
+    several = ["--multi_gpu"] if devices > 1 else []  # torchrun; the script asks for the CPU
+    return [sys.executable, "-m", "accelerate.commands.launch", *several, "--num_processes",
+            str(devices), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
+            "no", str(SCRIPTS[framework])]
+
+
 def case(framework: str, out: Path, *, exact: bool, where: str, devices: int,
          workers: int) -> dict[str, object]:
     every, fail = WHERE[where]
-    base = [sys.executable, str(SCRIPTS[framework]), "--out", str(out), "--ckpt-every",
-            str(every), "--workers", str(workers)] + (["--exact"] if exact else [])
-    first = subprocess.run([*base, "--fail-at", str(fail)], capture_output=True, text=True)
-    second = subprocess.run([*base, "--devices", str(devices)], capture_output=True, text=True)
+    flags = ["--out", str(out), "--ckpt-every", str(every), "--workers", str(workers)] + (
+        ["--exact"] if exact else [])
+    first = subprocess.run([*launcher(framework, 2), *flags, "--fail-at", str(fail)],
+                           capture_output=True, text=True)
+    second = subprocess.run([*launcher(framework, devices), *flags], capture_output=True,
+                            text=True)
     verdict = subprocess.run([sys.executable, "-m", "verifier.cli", str(out), "--format",
                               "json"], capture_output=True, text=True)
     report = json.loads(verdict.stdout)["runs"][0]
