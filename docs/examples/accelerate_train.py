@@ -4,14 +4,18 @@ Audit mode: Accelerate prepares the loader and the script resumes as Accelerate'
 (``load_state`` of the newest ``step_N`` folder, then ``skip_first_batches``); ECRL proves what
 that did.
 
-    accelerate launch --cpu --num_processes 2 docs/examples/accelerate_train.py --out runs/acc \\
-        --fail-at 12                                                  # killed after step 12
-    accelerate launch --cpu --num_processes 2 docs/examples/accelerate_train.py --out runs/acc
+    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py \\
+        --out runs/acc --fail-at 12                                   # killed after step 12
+    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py \\
+        --out runs/acc
     ecrl-verify runs/acc
+
+(``--multi_gpu`` starts the processes with torchrun; ``Accelerator(cpu=True)`` keeps them on the
+CPU over gloo. ``accelerate launch --cpu`` would start a single process.)
 
 Exact mode (``--exact``): ECRL's sampler, prepared by ``tracker.prepare`` (not sharded twice), its
 position in Accelerate's checkpoint: the resume continues at the next step's window (also with
-``--num_processes 1`` after a run on 2).
+``accelerate launch --num_processes 1`` after a run on 2).
 """
 
 from __future__ import annotations
