@@ -34,6 +34,11 @@ ALLOWED = {
     "ecrl/runtime/supervision": (*_RUNTIME_SHARED, "ecrl.runtime.checkpoint",
                                  "ecrl.runtime.supervision", "ecrl.runtime.trainer.datasets"),
     "ecrl/runtime/trainer": (*_RUNTIME_SHARED, "ecrl.runtime"),
+    # A framework's hooks drive the step log and record the framework's checkpoints.
+    "ecrl/runtime/integrations": (*_RUNTIME_SHARED, "ecrl.runtime.sampling",
+                                  "ecrl.runtime.integrations"),
+    # The public path of the integrations (docs/library.md): a re-export, nothing more.
+    "ecrl/integrations": ("ecrl.runtime.integrations",),
     "verifier": ("ecrl.contract", "ecrl", "verifier"),
     "transform": ("ecrl.contract", "ecrl", "transform"),
 }

@@ -9,6 +9,7 @@ import pytest
 
 TORCH_FREE = [
     "ecrl",
+    "ecrl.integrations",
     "ecrl.contract.semantics",
     "ecrl.contract.runformat",
     "ecrl.contract.atomicio",

@@ -52,3 +52,22 @@ def test_a_state_from_another_run_is_refused() -> None:
         other.load_state_dict(saved)
     with pytest.raises(SemanticsError, match="not divisible"):
         _sampler(rank=0, world_size=5)
+
+
+def test_per_epoch_iterations_end_at_each_epoch_and_count_the_whole_epoch() -> None:
+    # What a framework's epoch loop expects (Lightning): one iteration per epoch, and a length
+    # counted from the epoch's first step even when a resume starts in its middle.
+    sampler = GlobalBatchSampler(20, 4, seed=3, steps=12, rank=0, world_size=2,
+                                 per_epoch=True)  # 5 steps per epoch
+    assert len(sampler) == 5
+    first = list(sampler)
+    assert first == [sampler.shard_of(s).tolist() for s in range(5)]
+    assert sampler.next_step == 5 and len(sampler) == 5
+    assert len(list(sampler)) == 5
+    assert len(sampler) == 2  # the last epoch is cut at steps=12
+    assert list(sampler) == [sampler.shard_of(s).tolist() for s in (10, 11)]
+    assert len(sampler) == 0 and list(sampler) == []
+    resumed = GlobalBatchSampler(20, 4, seed=3, steps=12, rank=0, world_size=2, per_epoch=True)
+    resumed.load_state_dict(semantics.SamplerState.at_step(resumed.geometry, 3, 7).to_dict())
+    assert len(resumed) == 5  # epoch 1 counted from its start, step 5
+    assert list(resumed) == [resumed.shard_of(s).tolist() for s in (7, 8, 9)]

@@ -47,16 +47,20 @@ class GlobalBatchSampler(Sampler[list[int]]):
     ``dataset_size`` (D) and ``global_batch`` (B, summed over ranks) fix the geometry: an epoch is
     ``D // B`` steps and the ``D % B`` IDs left over are not used in that epoch. ``steps``: stop
     after this global step count (None: iterate for ever; drive the loop by step count).
-    ``rank``/``world_size``: override what ``torch.distributed`` says.
+    ``rank``/``world_size``: override what ``torch.distributed`` says. ``per_epoch``: each
+    iteration ends at the end of an epoch, and ``len()`` is the whole epoch's step count: what a
+    framework's epoch loop expects (Lightning counts a resumed epoch's batches from the epoch's
+    start, and iterates the loader once per epoch).
     """
 
     def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0,
                  steps: int | None = None, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, per_epoch: bool = False) -> None:
         install_error_hook()
         self.geometry = semantics.Geometry(dataset_size=dataset_size, global_batch=global_batch)
         self.seed = semantics.SamplerState.at_step(self.geometry, seed, 0).seed
         self.steps = steps
+        self.per_epoch = bool(per_epoch)
         self._rank, self._world = rank, world_size
         if world_size is not None or rank is None:
             self.geometry.local_batch(self.world_size)  # B % W, with the standard message
@@ -132,8 +136,17 @@ class GlobalBatchSampler(Sampler[list[int]]):
         finally:
             self._live_from = None
 
+    def _end(self, start: int) -> int | None:
+        """The step an iteration starting at ``start`` stops before (None: never)."""
+        if not self.per_epoch:
+            return self.steps
+        per = self.geometry.steps_per_epoch
+        end = (start // per + 1) * per
+        return end if self.steps is None else min(end, self.steps)
+
     def _shards(self, rank: int, world: int, local: int) -> Iterator[list[int]]:
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
+        stop = self._end(self._next)
         size = max(64, _ISSUED_IDS // local)
         if len(self._issued) != size:
             self._issued = [None] * size
@@ -144,8 +157,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
                                                     ahead=max(64, _BLOCK_IDS // local)):
             rows = block.tolist()
             hashes = semantics.ids_hashes(block).tolist()
-            if self.steps is not None and first + len(rows) > self.steps:
-                del rows[max(0, self.steps - first):]
+            if stop is not None and first + len(rows) > stop:
+                del rows[max(0, stop - first):]
             # rows may be cut at the last step; hashes keeps the block's full length.
             step = first
             for ids, digest in zip(rows, hashes, strict=False):
@@ -157,13 +170,25 @@ class GlobalBatchSampler(Sampler[list[int]]):
                 # even if the caller changes the list it got (else a hash-only record could
                 # carry the issued hash for IDs that did not reach the step).
                 yield list(ids)
-            if self.steps is not None and first + len(rows) >= self.steps:
+            if stop is not None and first + len(rows) >= stop:
                 return
 
     def __len__(self) -> int:
         """Batches of the iteration that is running, or of the next one: from where it starts
         to ``steps`` (needs ``steps``). It does not shrink while a loader prefetches (a
-        framework reads it after creating the iterator to know when the epoch ends)."""
+        framework reads it after creating the iterator to know when the epoch ends). With
+        ``per_epoch``: the steps of the running (or next) epoch, counted from its first step,
+        wherever in it the iteration starts (a framework resuming in the middle of an epoch
+        counts its batches from the epoch's start)."""
+        start = self._live_from if self._live_from is not None else self._next
+        if self.per_epoch:
+            if self.steps is not None and start >= self.steps:
+                return 0
+            per = self.geometry.steps_per_epoch
+            first = start // per * per
+            end = self._end(first)
+            assert end is not None
+            return max(0, end - first)
         if self.steps is None:
             raise TypeError("GlobalBatchSampler(steps=None) is endless: give steps= to get a "
                             "length, or drive the loop by step count")

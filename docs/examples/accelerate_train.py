@@ -1,0 +1,137 @@
+"""An HF Accelerate script with ECRL's step log (docs/library.md, "HF Accelerate").
+
+Audit mode: Accelerate prepares the loader and the script resumes as Accelerate's docs show
+(``load_state`` of the newest ``step_N`` folder, then ``skip_first_batches``); ECRL proves what
+that did.
+
+    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py \\
+        --out runs/acc --fail-at 12                                   # killed after step 12
+    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py \\
+        --out runs/acc
+    ecrl-verify runs/acc
+
+(``--multi_gpu`` starts the processes with torchrun; ``Accelerator(cpu=True)`` keeps them on the
+CPU over gloo. ``accelerate launch --cpu`` would start a single process.)
+
+Exact mode (``--exact``): ECRL's sampler, prepared by ``tracker.prepare`` (not sharded twice), its
+position in Accelerate's checkpoint: the resume continues at the next step's window (also with
+``accelerate launch --num_processes 1`` after a run on 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import ecrl
+from ecrl.integrations.accelerate import ECRLTracker
+
+
+class Points(Dataset):
+    """Generated data: 8 features per sample, label = sign of their sum."""
+
+    def __init__(self, size: int) -> None:
+        self.x = torch.randn(size, 8, generator=torch.Generator().manual_seed(1234))
+        self.y = (self.x.sum(dim=1) > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def latest(folder: Path) -> tuple[Path, int] | None:
+    """The newest ``step_N`` checkpoint folder and N (steps completed), as Accelerate's example
+    finds it."""
+    found = [(int(p.name[5:]), p) for p in folder.glob("step_*") if p.name[5:].isdigit()]
+    if not found:
+        return None
+    steps, path = max(found)
+    return path, steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--exact", action="store_true", help="ECRL's sampler (else Accelerate's)")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--dataset-size", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="global batch, over all ranks")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--ckpt-every", type=int, default=3)
+    p.add_argument("--fail-at", type=int, default=None)
+    args = p.parse_args()
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = ecrl.WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
+    saves = Path(args.out) / "accelerate"
+    found = latest(saves)
+    if args.exact:
+        sampler = ecrl.GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        tracker = ECRLTracker(accelerator, args.out, steps=args.steps, sampler=sampler)
+        loader = tracker.prepare(DataLoader(data, batch_sampler=sampler,
+                                            num_workers=args.workers))
+        if found is not None:
+            accelerator.load_state(str(found[0]))
+        batches = zip(range(tracker.next_step, args.steps), loader, strict=False)
+        epochs = None
+    else:
+        loader = DataLoader(data, batch_size=args.batch // accelerator.num_processes,
+                            shuffle=True, num_workers=args.workers)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        tracker = ECRLTracker(accelerator, args.out, loader, steps=args.steps)  # ECRL
+        epochs = (0, 0)
+        if found is not None:  # Accelerate's documented resume
+            accelerator.load_state(str(found[0]))
+            epochs = divmod(found[1], len(loader))
+        batches = None
+
+    def train(step: int, batch: tuple, epoch: int | None, cursor: int | None) -> None:
+        _ids, (x, y) = batch
+        loss = nn.functional.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        tracker.step(step, batch, loss=loss, epoch=epoch, cursor_step=cursor)  # ECRL
+        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
+            accelerator.save_state(str(saves / f"step_{step + 1}"))
+        if step == args.fail_at:
+            os._exit(137)
+
+    if batches is not None:
+        for step, batch in batches:
+            train(step, batch, None, None)
+    else:
+        assert epochs is not None
+        starting_epoch, resume_step = epochs
+        step = starting_epoch * len(loader) + resume_step
+        epoch = starting_epoch
+        while step < args.steps:
+            active = accelerator.skip_first_batches(loader, resume_step) \
+                if epoch == starting_epoch and resume_step else loader
+            first = resume_step if epoch == starting_epoch else 0
+            for cursor, batch in enumerate(active, start=first):
+                train(step, batch, epoch, cursor)
+                step += 1
+                if step == args.steps:
+                    break
+            epoch += 1
+    tracker.close()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        torch.save(accelerator.unwrap_model(model).state_dict(), Path(args.out) / "final.pt")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

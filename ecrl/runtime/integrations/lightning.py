@@ -1,0 +1,185 @@
+"""PyTorch Lightning: the step log and Lightning's own checkpoints, from a ``Callback``.
+
+``ECRLCallback(run_dir)`` in ``Trainer(callbacks=[...])`` and the data set wrapped in
+:class:`ecrl.WithSampleIds` make a Lightning script write a verifiable run directory, whatever
+launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue):
+
+- ``on_train_batch_start``/``on_train_batch_end``: one step record per optimizer step, with the
+  IDs the batch carried (``batch[0]``) and the loss; the global step is Lightning's
+  ``trainer.global_step`` before the step, the epoch and cursor Lightning's epoch and
+  ``batch_idx``;
+- ``on_save_checkpoint``: a checkpoint event at the step the checkpoint captures, so a later
+  resume from it is known to rest on a real checkpoint;
+- ``on_load_checkpoint``: the attempt record (``attempt.json``) names the step Lightning resumed
+  from and the SHA-256 of the file it loaded (``Trainer.fit(ckpt_path=...)``).
+
+Two modes:
+
+- **Audit** (``ECRLCallback(run_dir)``): Lightning keeps its sampler (the ``DistributedSampler``
+  it injects), its checkpoints and its resume; ``ecrl-verify`` audits them (exactly-once per
+  epoch, no window check). The data-set size, global batch, steps and steps per epoch are read
+  from the trainer when training starts.
+- **Exact** (``ECRLCallback(run_dir, sampler=sampler)`` with ``DataLoader(...,
+  batch_sampler=sampler)``, ``sampler`` an :class:`ecrl.GlobalBatchSampler`): ECRL's order. The
+  sampler's position rides in Lightning's own checkpoint (this callback's state), so
+  ``fit(ckpt_path="last")`` continues at the next step's window, also at another world size; an
+  epoch of Lightning is an epoch of ECRL (the sampler is switched to ``per_epoch``), so Lightning's
+  ``global_step``, ``current_epoch`` and ``batch_idx`` are ECRL's step, epoch and cursor, and
+  Lightning restores them itself. The callback turns off Lightning's distributed-sampler injection
+  (``use_distributed_sampler``), which would otherwise try to rebuild the batch sampler around a
+  ``DistributedSampler`` (a ``TypeError``) and shard ECRL's shards a second time.
+
+Not covered: gradient accumulation (``accumulate_grad_batches > 1`` is refused), several
+training loaders, ``pytorch_lightning`` (the standalone package: this subclasses
+``lightning.pytorch.Callback``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DistributedSampler
+
+from ecrl.contract.errors import ConfigError
+from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, batch_ids
+from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.steplog import StepLog
+
+__all__ = ["ECRLCallback"]
+
+
+class ECRLCallback(pl.Callback):
+    """Step logs, checkpoint events and the resume record of a Lightning run.
+
+    ``run_dir``: the run directory (None under ``ecrl launch``). ``sampler``: the
+    :class:`ecrl.GlobalBatchSampler` of the training loader (exact mode); None keeps Lightning's
+    sampler (audit mode). ``ids``: how to find the sample IDs in a batch (default: ``batch[0]``,
+    what :class:`ecrl.WithSampleIds` gives). Other keyword arguments go to :class:`ecrl.StepLog`
+    (``log_ids``, ``model``, ``dataset``, ``epoch_coverage`` …).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
+                 sampler: GlobalBatchSampler | None = None,
+                 ids: Callable[[Any], Any] = batch_ids, **steplog: Any) -> None:
+        super().__init__()
+        if sampler is not None and not isinstance(sampler, GlobalBatchSampler):
+            raise ConfigError(f"ECRLCallback(sampler=…) takes an ecrl.GlobalBatchSampler, got "
+                              f"{type(sampler).__name__}; leave it out to keep Lightning's "
+                              "sampler (audit mode)")
+        if sampler is not None:
+            sampler.per_epoch = True  # an epoch of Lightning is an epoch of ECRL
+        self.run_dir = run_dir
+        self.sampler: GlobalBatchSampler | None = sampler
+        self.ids = ids
+        self._steplog_kwargs = steplog
+        self.step_log: StepLog | None = None
+        self.checkpoints = FrameworkCheckpoints("lightning")
+        self._step: int | None = None
+
+    # --- before training: the loader and the resume -------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.sampler is not None and stage == "fit":
+            # Lightning would rebuild the batch sampler around a DistributedSampler of its own:
+            # ECRL's sampler shards each window itself. (Validation loaders then keep theirs.)
+            trainer._accelerator_connector.use_distributed_sampler = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.sampler is None else {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.sampler is None:
+            return
+        if "sampler" not in state_dict:
+            raise ConfigError(
+                "the Lightning checkpoint being resumed holds no ECRL sampler position (written "
+                "without ECRLCallback(sampler=…)): resume from one written with it, or start a "
+                "new run directory")
+        self.sampler.load_state_dict(state_dict["sampler"])
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self.checkpoints.loaded(int(checkpoint["global_step"]) - 1, trainer.ckpt_path)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.accumulate_grad_batches != 1:
+            raise ConfigError(
+                f"ECRLCallback: accumulate_grad_batches={trainer.accumulate_grad_batches} is not "
+                "supported (a step record is one batch per rank); leave it at 1")
+        self.step_log = self._open_log(trainer)
+        self.checkpoints.record(self.step_log.run)
+
+    def _open_log(self, trainer: pl.Trainer) -> StepLog:
+        loader = trainer.train_dataloader
+        ours = self.sampler
+        if ours is not None:
+            if id(getattr(loader, "batch_sampler", None)) != id(ours):
+                raise ConfigError(
+                    "ECRLCallback(sampler=…): the training DataLoader's batch_sampler is not that "
+                    "sampler: build it as DataLoader(ecrl.WithSampleIds(data), "
+                    "batch_sampler=sampler)")
+            steps = ours.steps
+            if steps is None:
+                steps = trainer.max_steps
+            if steps is None or steps < 1:
+                raise ConfigError("ECRLCallback: give the sampler steps= (or the Trainer "
+                                  "max_steps=): the run's target step count")
+            return StepLog(self.run_dir, sampler=ours, steps=int(steps), **self._steplog_kwargs)
+        world = trainer.world_size
+        batch = getattr(loader, "batch_size", None)
+        dataset = getattr(loader, "dataset", None)
+        if batch is None or dataset is None:
+            raise ConfigError("ECRLCallback (audit mode) needs a training DataLoader with a "
+                              "batch_size and a sized data set")
+        sampler = getattr(loader, "sampler", None)
+        kwargs = dict(self._steplog_kwargs)
+        drops = bool(getattr(loader, "drop_last", False)) or (
+            isinstance(sampler, DistributedSampler) and sampler.drop_last)
+        if drops and len(dataset) % (batch * world):
+            kwargs.setdefault("epoch_coverage", "drop_remainder")
+        steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else \
+            int(trainer.estimated_stepping_batches)
+        kind = type(sampler)
+        return StepLog(
+            self.run_dir, sampler={"kind": "external",
+                                   "name": f"{kind.__module__}.{kind.__qualname__}",
+                                   "framework": f"lightning {pl.__version__}"},
+            dataset_size=len(dataset), global_batch=batch * world, steps=int(steps),
+            steps_per_epoch=int(trainer.num_training_batches), **kwargs)
+
+    # --- every step ----------------------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        assert self.step_log is not None and self._step is not None
+        if trainer.global_step == self._step:
+            return  # no optimizer step (a skipped batch): nothing was consumed by an update
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self.sampler is not None:
+            self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss)
+        else:
+            self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss,
+                          epoch=trainer.current_epoch, cursor_step=batch_idx)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        if self.step_log is not None:
+            self.checkpoints.saved(self.step_log.run, int(checkpoint["global_step"]) - 1, None, 0.0)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.checkpoints.close()
+        if self.step_log is not None:
+            self.step_log.close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self.checkpoints.close()
+        if self.step_log is not None:
+            self.step_log._close(completed=False)

@@ -1,0 +1,142 @@
+"""HF Accelerate under ``accelerate launch`` (2 CPU processes over torchrun, gloo), with
+``ECRLTracker`` (docs/examples/accelerate_train.py, docs/library.md "HF Accelerate").
+
+- Audit mode, the loader prepared by ``accelerator.prepare`` (shuffled), killed in the middle of
+  an epoch and resumed as Accelerate's docs show (``load_state`` + ``skip_first_batches``):
+  ``ecrl-verify`` FAILs the run (the shuffled order of the resumed epoch is drawn again, and the
+  skipped batches are those of the new order).
+- Exact mode, ECRL's sampler prepared by ``tracker.prepare``: killed and resumed at 2 processes,
+  bit-identical to the uninterrupted run; finished at 1 process instead, PASS with windows
+  checked. ``accelerator.prepare`` of that loader (which would shard it twice) is refused.
+
+The runs are made once per module, two chains at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+import torch
+from conftest import RUN_TIMEOUT_S
+
+from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
+from verifier import render_text, verify_run
+
+pytestmark = pytest.mark.torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "docs" / "examples" / "accelerate_train.py"
+STEPS = 24  # 64 samples, global batch 8: 8 steps per epoch, 3 epochs
+FAIL_AT = 12  # checkpoints every 3 steps: the resume starts after step 11 (epoch 1, cursor 3)
+
+
+def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    several = ["--multi_gpu"] if processes > 1 else []  # torchrun; the script asks for the CPU
+    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *several,
+                           "--num_processes", str(processes), "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
+                           "--out", str(out), "--steps", str(STEPS), *args],
+                          capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+
+
+def _ok(done: subprocess.CompletedProcess[str], code: int = 0) -> None:
+    assert (done.returncode == 0) == (code == 0), done.stderr[-3000:]
+
+
+def _audit_and_reference(base: Path) -> None:
+    audit = base / "audit"
+    _ok(_launch(audit, "--fail-at", str(FAIL_AT)), 1)  # torchrun reports the killed rank
+    _ok(_launch(audit))
+    _ok(_launch(base / "reference", "--exact"))
+
+
+def _exact(base: Path) -> None:
+    exact = base / "exact"
+    _ok(_launch(exact, "--exact", "--fail-at", str(FAIL_AT)), 1)
+    shutil.copytree(exact, base / "shrunk")  # the same run, finished on 1 process
+    _ok(_launch(exact, "--exact"))
+    _ok(_launch(base / "shrunk", "--exact", processes=1))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("accelerate")
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(_audit_and_reference, base), pool.submit(_exact, base)]:
+            future.result()
+    return base
+
+
+def test_accelerates_documented_resume_fails_the_audit(runs: Path) -> None:
+    run = runs / "audit"
+    records = [read_json_record(RunPaths.of(run).attempt_record(k), AttemptRecord)
+               for k in range(2)]
+    assert [r.resumed_from_step for r in records] == [None, FAIL_AT - 1]
+    result = verify_run(run)
+    assert result.verdict == "FAIL", render_text(result)
+    assert not result.windows_checked
+    assert {"duplicate_sample", "missing_sample"} <= {a.kind for a in result.anomalies}
+    duplicates = [a for a in result.anomalies if a.kind == "duplicate_sample"]
+    assert all(a.epoch == 1 and a.attempt == 1 for a in duplicates)
+
+
+def test_ecrl_sampler_resumes_accelerate_bit_identically(runs: Path) -> None:
+    result = verify_run(runs / "exact")
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == STEPS
+    assert result.metrics.restarts == 1
+    ours = torch.load(runs / "exact" / "final.pt", weights_only=True)
+    theirs = torch.load(runs / "reference" / "final.pt", weights_only=True)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_ecrl_sampler_resumes_accelerate_on_another_process_count(runs: Path) -> None:
+    run = runs / "shrunk"
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == STEPS
+    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
+    assert (last.world_size, last.resumed_from_step) == (1, FAIL_AT - 1)
+
+
+def test_accelerate_prepare_of_ecrls_sampler_is_refused(tmp_path: Path) -> None:
+    # A loader over ECRL's sampler given to accelerator.prepare (Accelerate would shard it a
+    # second time): one line at the first step, naming the cure.
+    code = f"""
+import sys; sys.path.insert(0, {str(ROOT / 'docs' / 'examples')!r})
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+import ecrl
+from accelerate_train import Points
+from ecrl.integrations.accelerate import ECRLTracker
+acc = Accelerator(cpu=True)
+data = ecrl.WithSampleIds(Points(64))
+sampler = ecrl.GlobalBatchSampler(64, 8, steps=4)
+tracker = ECRLTracker(acc, {str(tmp_path / 'run')!r}, steps=4, sampler=sampler)
+loader = acc.prepare(DataLoader(data, batch_sampler=sampler))
+for step, batch in zip(range(4), loader):
+    tracker.step(step, batch)
+"""
+    script = tmp_path / "prepared_twice.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(script)], capture_output=True, text=True,
+                          env=env, timeout=RUN_TIMEOUT_S)
+    assert done.returncode != 0
+    assert "accelerator.prepare(loader) shards ECRL's GlobalBatchSampler a second time" in \
+        done.stderr, done.stderr[-3000:]

@@ -1,0 +1,147 @@
+"""PyTorch Lightning under its own launcher (2 CPU ranks, gloo), with ``ECRLCallback``
+(docs/examples/lightning_train.py, docs/library.md "PyTorch Lightning").
+
+- Audit mode, Lightning's default ``DistributedSampler``, killed in the middle of an epoch and
+  resumed with ``fit(ckpt_path="last")``: ``ecrl-verify`` FAILs the run, with the witnesses of
+  Lightning's resume (the resumed epoch starts its data over while ``batch_idx`` continues).
+  At an epoch's end (no loader workers) the same resume PASSes the audit.
+- Exact mode, ECRL's sampler in a ``DataLoader(batch_sampler=...)`` given to a Trainer with its
+  default ``use_distributed_sampler=True`` (no ``TypeError``, no second sharding): killed and
+  resumed at world size 2, it ends bit-identical to the uninterrupted run, with Lightning's own
+  global step and epoch right; finished at world size 1 instead, PASS with windows checked.
+
+Every launch imports Lightning in two processes: the runs are made once per module, two chains
+at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import torch
+from conftest import RUN_TIMEOUT_S
+
+from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
+from verifier import render_text, verify_run
+
+pytestmark = pytest.mark.torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "docs" / "examples" / "lightning_train.py"
+STEPS = 24  # 64 samples, global batch 8: 8 steps per epoch, 3 epochs
+FAIL_AT = 12  # checkpoints every 3 steps: the resume starts after step 11 (epoch 1, cursor 3)
+
+
+def _launch(out: Path, *args: str, every: int = 3) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "PL_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--steps",
+                           str(STEPS), "--ckpt-every", str(every), *args], capture_output=True,
+                          text=True, env=env, timeout=RUN_TIMEOUT_S)
+
+
+def _killed_then_resumed(out: Path, *args: str, devices: int = 2) -> None:
+    killed = _launch(out, "--fail-at", str(FAIL_AT), *args)
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    resumed = _launch(out, "--devices", str(devices), *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def _audit(base: Path) -> None:
+    _killed_then_resumed(base / "audit")
+    # At an epoch's end: checkpoints every 8 steps, killed after step 9, resumed after step 7.
+    end = base / "audit-epoch-end"
+    killed = _launch(end, "--fail-at", "9", every=8)
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    resumed = _launch(end, every=8)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def _exact_and_reference(base: Path) -> None:
+    exact = base / "exact"
+    killed = _launch(exact, "--exact", "--fail-at", str(FAIL_AT))
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    shrunk = base / "shrunk"  # the same run, finished at world size 1
+    shutil.copytree(exact, shrunk)
+    for run, devices in ((exact, 2), (shrunk, 1)):
+        done = _launch(run, "--exact", "--devices", str(devices))
+        assert done.returncode == 0, done.stderr[-3000:]
+    done = _launch(base / "reference", "--exact")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("lightning")
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(_audit, base), pool.submit(_exact_and_reference, base)]:
+            future.result()
+    return {name: base / name for name in ("audit", "audit-epoch-end", "reference", "exact",
+                                           "shrunk")}
+
+
+def test_lightnings_own_mid_epoch_resume_fails_the_audit(runs: dict[str, Path]) -> None:
+    run = runs["audit"]
+    records = [read_json_record(RunPaths.of(run).attempt_record(k), AttemptRecord)
+               for k in range(2)]
+    assert [r.resumed_from_step for r in records] == [None, FAIL_AT - 1]
+    assert (records[1].resumed_from_checksum or "").startswith("sha256:")
+    assert records[1].status == "completed"
+    result = verify_run(run)
+    assert result.verdict == "FAIL", render_text(result)
+    assert not result.windows_checked
+    kinds = {a.kind for a in result.anomalies}
+    assert {"duplicate_sample", "missing_sample"} <= kinds, render_text(result)
+    # The witnesses: samples of epoch 1 consumed again by the resumed attempt, after its first
+    # step (step 12, the replayed one), and epoch 1's other samples never consumed.
+    duplicates = [a for a in result.anomalies if a.kind == "duplicate_sample"]
+    assert all(a.epoch == 1 and a.attempt == 1 and a.step > FAIL_AT for a in duplicates)
+    missing = [a for a in result.anomalies if a.kind == "missing_sample"]
+    assert all(a.epoch == 1 for a in missing)
+
+
+def test_lightnings_own_resume_at_an_epochs_end_passes_the_audit(runs: dict[str, Path]) -> None:
+    # With no loader workers Lightning gets this case right (docs/library.md's table: with 2
+    # workers the resumed epoch repeats the previous epoch's order).
+    run = runs["audit-epoch-end"]
+    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
+    assert last.resumed_from_step == 7
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert not result.windows_checked and result.checked["committed_steps"] == STEPS
+
+
+def test_ecrl_sampler_resumes_lightning_bit_identically(runs: dict[str, Path]) -> None:
+    run = runs["exact"]
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == STEPS
+    assert result.metrics.restarts == 1 and result.metrics.replayed_steps == 1
+    ours = torch.load(run / "final.pt", weights_only=True)
+    theirs = torch.load(runs["reference"] / "final.pt", weights_only=True)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    # Lightning's own counters continue from ECRL's: an epoch of Lightning is one of ECRL.
+    final = json.loads((run / "lightning-final.json").read_text())
+    assert final == {"global_step": STEPS, "current_epoch": STEPS // 8}
+
+
+def test_ecrl_sampler_resumes_lightning_at_another_world_size(runs: dict[str, Path]) -> None:
+    run = runs["shrunk"]
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == STEPS
+    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
+    assert (last.world_size, last.resumed_from_step) == (1, FAIL_AT - 1)
+    final = json.loads((run / "lightning-final.json").read_text())
+    assert final == {"global_step": STEPS, "current_epoch": STEPS // 8}
