@@ -130,29 +130,11 @@ def _claim_standalone(paths: RunPaths) -> int:
     if key not in _RUN_LOCKS:
         _RUN_LOCKS[key] = take_lock(paths.root, holder="another launch (or an ecrl launch)")
     number, _ = standalone_attempt(paths)
-    _refuse_if_completed(paths, number - 1)
     paths.logs.mkdir(exist_ok=True)
     # Not exist_ok: under the lock nothing else numbers attempts, so a folder that appeared in
     # between is a bug to hear of, never one to write into.
     paths.attempt_dir(number).mkdir()
     return number
-
-
-def _refuse_if_completed(paths: RunPaths, previous: int) -> None:
-    """A launch after the run's last attempt completed it would train its last steps again from
-    an older checkpoint, and the script would then save that model over the finished one: it is
-    refused before anything is written (under ``ecrl launch`` the supervisor says so itself)."""
-    path = paths.attempt_record(previous)
-    if previous < 0 or not os.path.lexists(path):
-        return
-    try:
-        record = read_json_record(path, AttemptRecord, root=paths.root)
-    except RunFormatError:
-        return  # the verifier reports an unreadable record; a new attempt does no harm to it
-    if record.status == "completed":
-        raise ConfigError(
-            f"the run in {paths.root} is complete (attempt {previous} logged its last step, "
-            f"{record.last_step}): nothing to train; to train again, use a new run directory")
 
 
 def record_attempt(attempt: Attempt, *, resumed: tuple[int, str | None] | None) -> None:

@@ -94,18 +94,20 @@ def test_each_launch_records_its_attempt_and_the_run_verifies_without_a_supervis
     assert "attempt.json" in text  # the PASS says what the lineage rested on
 
 
-def test_a_launch_after_the_run_completed_is_refused_and_the_verdict_stands(
+def test_a_launch_after_the_run_completed_replays_its_tail_exactly_and_the_verdict_stands(
         tmp_path: Path) -> None:
-    # Resuming would train the last steps again from the last checkpoint, and the script would
-    # then save that model over the finished one.
+    # A requeue of a finished job: it resumes from the last checkpoint (step 7), trains steps
+    # 8..11 again from the restored state, and the run is still proved, those steps replayed.
     run = tmp_path / "run"
     _launch(run)
-    with pytest.raises(ConfigError, match=r"is complete \(attempt 0 logged its last step, 11\)"):
-        _launch(run)
-    assert RunPaths.of(run).attempts() == [0]  # no attempt claimed
+    first = _record(run, 0)
+    _launch(run)
+    again = _record(run, 1)
+    assert (first.status, again.resumed_from_step, again.status) == ("completed", 7, "completed")
     result = verify_run(run)
     assert result.verdict == "PASS", render_text(result)
     assert result.checked["committed_steps"] == STEPS
+    assert result.metrics.replayed_steps == STEPS - 8
 
 
 def test_an_unfinished_standalone_run_says_to_launch_the_script_again(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from ecrl.contract.ckptfile import CheckpointError
 from ecrl.contract.errors import ConfigError, EcrlError
 from ecrl.contract.semantics import Geometry, mix64_int
 from ecrl.contract.shardfile import VerifiedShards
-from ecrl.runtime._attempt import Attempt, record_attempt, resolve_attempt
+from ecrl.runtime._attempt import Attempt, record_attempt, record_completed, resolve_attempt
 from ecrl.runtime.checkpoint import digests, statepack
 from ecrl.runtime.checkpoint.deadline import (
     DEADLINE_EXIT_CODE,
@@ -395,6 +395,8 @@ class Checkpointer:
         self._restored = nxt
         # The checkpoint was read against its checksum: the attempt's own record of its resume.
         record_attempt(self.run, resumed=(step, ckpt.checksum))
+        if self.target is not None and nxt >= self.target:  # the finished state: nothing to run
+            record_completed(self.run, step)
         self._start_guards(nxt)
         return nxt
 
