@@ -145,3 +145,15 @@ def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
         assert found["full"] == expected and found["sub"] == expected
         assert found["batch"] == semantics.shard(geometry, 0, 0, rank // 2, 2).tolist()
         assert found["hsdp"] == {"dp_rank": rank, "dp_size": 4, "tp_rank": 0, "tp_size": 1}
+
+
+def test_a_mesh_run_written_through_the_library_verifies(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    from verifier import render_text, verify_run
+
+    for log_ids in (True, False):
+        run = tmp_path / f"ids-{log_ids}"
+        write_mesh_run(monkeypatch, run, dp=2, tp=2, log_ids=log_ids)
+        result = verify_run(run)
+        assert result.verdict == "PASS", render_text(result)
+        assert result.checked["shards"] == result.checked["committed_records"] == 24
