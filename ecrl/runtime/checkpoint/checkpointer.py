@@ -284,8 +284,10 @@ class Checkpointer:
             target_steps=self.target if self.target is not None else 2**62,
             every=self.every, keep=self.keep, max_inflight=self.max_inflight,
             capture=self._capture, meta=self._meta,
-            optimizers=tuple(o for o in self.state.values()
-                             if isinstance(o, torch.optim.Optimizer)))
+            # A sharded optimizer's state is saved from gathered copies, never from its live
+            # storages: nothing of it can be copied later by the overlapped pipeline.
+            optimizers=tuple(o for k, o in self.state.items()
+                             if isinstance(o, torch.optim.Optimizer) and k not in self._full))
 
     def _build_strategy(self) -> Strategy:
         if self._strategy is None:
