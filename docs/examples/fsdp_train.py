@@ -7,7 +7,10 @@ parallelism"): own model sharded with ``fully_shard`` over a 1-D device mesh, ow
 
 The data-parallel degree changes from 2 to 1 at the resume: the sampler re-cuts the same windows,
 and the checkpointer saves the model and optimizer whole (gathered from their shards) and reshards
-them for the mesh of the attempt that resumes."""
+them for the mesh of the attempt that resumes. With ``--tp 2`` the mesh is 2-D (``dp`` x ``tp``):
+the first layer is split column-wise and the last row-wise over ``tp``, FSDP2 shards over ``dp``,
+and tensor-parallel peers consume the same batch (``--world-sizes 4,2``: DP 2 x TP 2, then
+DP 1 x TP 2)."""
 
 from __future__ import annotations
 
@@ -43,12 +46,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=8, help="global batch, over all ranks")
     p.add_argument("--out", help="run directory when not started by `ecrl launch`")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     args = p.parse_args()
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp",))
+    world = dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 2))
-    fully_shard(model, mesh=mesh)
+    if args.tp > 1:
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     data = Points(200)
 

@@ -96,3 +96,37 @@ def _jit_refused(rank: int, port: int, out: str) -> None:
             Path(out, "message.txt").write_text(str(exc))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp_run(runs: RunCache) -> Run:
+    run = runs.get("launch-fsdp-tp", ["--strategy", "blocking", "--ckpt-every", "4",
+                                      "--world-sizes", "4,2", "--fail-at", "9", "--",
+                                      "python", str(EXAMPLE), "--steps", "16", "--tp", "2"],
+                   command="launch")
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+def test_tensor_parallel_fsdp_run_passes_and_disagreeing_peers_fail(tp_run: Run,
+                                                                     tmp_path: Path) -> None:
+    """DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2: PASS, the resharded state attested; the
+    same logs with one tensor-parallel peer consuming another shard: FAIL with both records."""
+    import random
+
+    from verifier import verify_run
+    from verifier._mutations import apply
+
+    result = verify_run(tp_run.root)
+    assert result.verdict == "PASS" and result.state is not None
+    assert result.state.objects_compared == 4
+    peers = [json.loads((tp_run.root / f"logs/attempt-000/rank-00{r}.jsonl").read_text()
+                        .splitlines()[0]) for r in (2, 3)]
+    assert [(p["dp_rank"], p["tp_rank"]) for p in peers] == [(1, 0), (1, 1)]
+    assert peers[0]["sample_ids"] == peers[1]["sample_ids"]
+    outcome = apply("tp_peers_disagree", tp_run.root, tmp_path / "mutant", random.Random(0))
+    assert outcome is not None
+    mutant = verify_run(tmp_path / "mutant")
+    assert mutant.verdict == "FAIL"
+    witness = next(a for a in mutant.anomalies if a.kind == "tp_peer_mismatch")
+    assert witness.file is not None and witness.related and witness.related[0].rank != witness.rank
