@@ -136,3 +136,20 @@ def test_claims_that_do_not_form_one_mesh_are_witnessed_rank_by_rank() -> None:
     _, sink = _mesh({r: {"global_step": 0, "dp_rank": r % 2, "dp_size": 2, "tp_rank": r // 2,
                          "tp_size": 1} for r in range(4)})
     assert "product" in {a.evidence["reason"] for a in sink.ordered()}
+
+
+def test_same_order_compares_the_windows_of_a_mesh_run_with_a_ddp_run(tmp_path: Path) -> None:
+    from verifier import verify
+
+    mesh = generate_run(RunSpec(dataset_size=40, global_batch=4, target_steps=24,
+                                world_sizes=(4, 2), tp_sizes=(2,), fail_at=(9,),
+                                log_ids=False), tmp_path / "mesh")
+    ddp = generate_run(RunSpec(dataset_size=40, global_batch=4, target_steps=24,
+                               world_sizes=(2,)), tmp_path / "ddp")
+    assert verify(mesh.root, same_order=ddp.root).verdict == "PASS"
+    assert verify(ddp.root, same_order=mesh.root).verdict == "PASS"
+    other = generate_run(RunSpec(dataset_size=40, global_batch=4, target_steps=24, seed=5,
+                                 world_sizes=(2,)), tmp_path / "other")
+    result = verify(mesh.root, same_order=other.root)
+    assert result.verdict == "FAIL"
+    assert "order_mismatch" in result.runs[0].anomaly_counts
