@@ -35,6 +35,8 @@ def test_fsdp_run_with_a_data_parallel_change_passes(fsdp_run: Run) -> None:
     state = json.loads((root / "supervisor.json").read_text())
     assert [a["world_size"] for a in state["attempts"]] == [2, 1]
     assert state["attempts"][1]["resumed_from_step"] == 7
+    manifest = json.loads((root / "run.json").read_text())
+    assert manifest["meshes"] == [{"dp_size": 2, "tp_size": 1}, {"dp_size": 1, "tp_size": 1}]
     proc = subprocess.run([sys.executable, "-m", "verifier.cli", "--format", "json", str(root)],
                           capture_output=True, text=True, timeout=120)
     result = json.loads(proc.stdout)["runs"][0]

@@ -86,6 +86,17 @@ def _as_loss(loss: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _planned_meshes(world_sizes: Sequence[int], tp_size: int) -> list[dict[str, int]]:
+    """run.json's ``meshes``: the script's tensor-parallel degree at each planned world size
+    (DP = W / TP), up to the first world size it does not divide (unknown from there on)."""
+    out = []
+    for w in world_sizes:
+        if w % tp_size:
+            break
+        out.append({"dp_size": w // tp_size, "tp_size": tp_size})
+    return out or [{"dp_size": max(1, world_sizes[0] // tp_size), "tp_size": tp_size}]
+
+
 class StepLog:
     """Per-rank step records and ``run.json`` for one run directory.
 
@@ -239,8 +250,8 @@ class StepLog:
             target_steps=self.steps, log_ids=self.log_ids, model=self.model,
             sampler=self.description,
             extra={} if self.deterministic is None else {"deterministic": self.deterministic},
-            meshes=None if self.mesh_coords is None else [
-                {"dp_size": self.mesh_coords.dp_size, "tp_size": self.mesh_coords.tp_size}],
+            meshes=None if self.mesh_coords is None else _planned_meshes(
+                settings["world_sizes"], self.mesh_coords.tp_size),
             **settings)
 
     def ensure_manifest(self) -> RunManifest:
