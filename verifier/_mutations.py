@@ -134,19 +134,31 @@ class RunView:
     def ids_logged(self) -> bool:
         return self.manifest.log_ids
 
+    def mesh_of(self, attempt: int, rank: int) -> semantics.MeshCoords | None:
+        """Where ``rank`` sits on its attempt's mesh, as its first record says (None: DDP)."""
+        log = self.logs.get((attempt, rank))
+        first = log.lines[0].data if log is not None and log.lines else {}
+        if "dp_rank" not in first:
+            return None
+        return semantics.MeshCoords(dp_rank=first["dp_rank"], dp_size=first["dp_size"],
+                                    tp_rank=first["tp_rank"], tp_size=first["tp_size"])
+
     def record(self, attempt: int, rank: int, step: int) -> dict[str, Any]:
         """A correct step record (as the runtime would write it) for a new line."""
         w = self.plans[attempt].world_size
-        ids = semantics.shard(self.geometry, self.manifest.seed, step, rank, w)
+        coords = self.mesh_of(attempt, rank) or semantics.MeshCoords.ddp(rank, w)
+        ids = semantics.mesh_shard(self.geometry, self.manifest.seed, step, coords)
         epoch, cursor = self.geometry.locate(step)
         out: dict[str, Any] = {
             "schema_version": 1, "attempt": attempt, "global_step": step, "epoch": epoch,
             "cursor_step": cursor, "rank": rank, "world_size": w,
-            "local_batch": self.geometry.local_batch(w), "sample_ids_count": int(ids.size),
+            "local_batch": int(ids.size), "sample_ids_count": int(ids.size),
             "sample_ids_hash": semantics.format_hash(semantics.ids_hash(ids)), "loss": 1.0,
             "time": 0.0}
         if self.manifest.log_ids:
             out["sample_ids"] = ids.tolist()
+        if self.mesh_of(attempt, rank) is not None:
+            out.update(coords.as_fields())
         return out
 
 
@@ -313,7 +325,11 @@ def _duplicate_id(view: RunView, rng: random.Random) -> Outcome | None:
     a.data["sample_ids"] = ids
     _rehash(a)
     la.write()
-    return _fail("duplicate_id", _where(view, la, a), "duplicate_sample")
+    # On a mesh a tensor-parallel peer's IDs are checked against its peers', not counted
+    # again (its data-parallel rank's copy is): there the disagreement is the witness.
+    peer = (c := view.mesh_of(la.attempt, la.rank)) is not None and c.tp_rank > 0
+    return _fail("duplicate_id", _where(view, la, a),
+                 *(("duplicate_sample", "tp_peer_mismatch") if peer else ("duplicate_sample",)))
 
 
 def _field(name: str, key: str, kinds: tuple[str, ...],
@@ -771,6 +787,101 @@ def _benign_field(name: str, change: Callable[[_Line, random.Random], dict[str, 
     return apply
 
 
+# --- meshes -----------------------------------------------------------------------------------
+
+
+def _give_shard(view: RunView, line: _Line, coords: semantics.MeshCoords) -> None:
+    """Make ``line`` hold the shard of ``coords`` at its step (IDs, count and hash agree)."""
+    ids = semantics.mesh_shard(view.geometry, view.manifest.seed,
+                               int(line.data["global_step"]), coords)
+    changes: dict[str, Any] = {
+        "sample_ids_count": int(ids.size), "local_batch": int(ids.size),
+        "sample_ids_hash": semantics.format_hash(semantics.ids_hash(ids))}
+    if view.ids_logged():
+        changes["sample_ids"] = ids.tolist()
+    _set(line, **changes)
+
+
+def _tp_peers_disagree(view: RunView, rng: random.Random) -> Outcome | None:
+    """A tensor-parallel peer consumes another data-parallel rank's shard (or, at DP = 1, the
+    next step's), keeping its coordinates: its peers consumed the step's shard."""
+    picked = _pick(rng, [(lg, li) for lg, li in view.records(committed=True)
+                         if (c := view.mesh_of(lg.attempt, lg.rank)) is not None
+                         and c.tp_size > 1])
+    if picked is None:
+        return None
+    log, line = picked
+    c = view.mesh_of(log.attempt, log.rank)
+    assert c is not None
+    if c.dp_size > 1:
+        other = semantics.MeshCoords(dp_rank=(c.dp_rank + 1 + rng.randrange(c.dp_size - 1))
+                                     % c.dp_size, dp_size=c.dp_size)
+        _give_shard(view, line, other)
+    else:
+        step = int(line.data["global_step"])
+        ids = semantics.mesh_shard(view.geometry, view.manifest.seed, step + 1, c)
+        _set(line, sample_ids_hash=semantics.format_hash(semantics.ids_hash(ids)),
+             **({"sample_ids": ids.tolist()} if view.ids_logged() else {}))
+    log.write()
+    return _fail("tp_peers_disagree", _where(view, log, line), "tp_peer_mismatch")
+
+
+def _dp_shard_wrong_rank(view: RunView, rng: random.Random) -> Outcome | None:
+    """One record of a data-parallel rank holds another data-parallel rank's shard of its
+    step (its coordinates unchanged): that shard was logged by the wrong rank."""
+    picked = _pick(rng, [(lg, li) for lg, li in view.records(committed=True)
+                         if (c := view.mesh_of(lg.attempt, lg.rank)) is not None
+                         and c.dp_size > 1])
+    if picked is None:
+        return None
+    log, line = picked
+    c = view.mesh_of(log.attempt, log.rank)
+    assert c is not None
+    other = semantics.MeshCoords(
+        dp_rank=(c.dp_rank + 1 + rng.randrange(c.dp_size - 1)) % c.dp_size, dp_size=c.dp_size)
+    _give_shard(view, line, other)
+    log.write()
+    return _fail("dp_shard_wrong_rank", _where(view, log, line), "shard_mismatch")
+
+
+def _mesh_changed_without_resume(view: RunView, rng: random.Random) -> Outcome | None:
+    """From a committed step after an attempt's first on, every rank of the attempt names
+    another mesh of the same world size (and consumes its shards, consistently): the mesh
+    changed within the attempt, without a resume."""
+    options = []
+    b = view.geometry.global_batch
+    for plan in view.plans:
+        w = plan.world_size
+        current = view.mesh_of(plan.attempt, 0)
+        tp_now = current.tp_size if current is not None else None
+        others = [tp for tp in range(1, w + 1) if w % tp == 0 and b % (w // tp) == 0
+                  and tp != tp_now]
+        steps = sorted({int(li.data["global_step"]) for (k, _), lg in view.logs.items()
+                        if k == plan.attempt for li in lg.lines
+                        if plan.committed(int(li.data["global_step"]))})
+        later = [st for st in steps if st > plan.lo]
+        if others and later and all(view.logs[(plan.attempt, r)].lines
+                                    for r in range(w) if (plan.attempt, r) in view.logs):
+            options.append((plan, others, later))
+    picked = _pick(rng, options)
+    if picked is None:
+        return None
+    plan, others, later = picked
+    tp = _pick(rng, others)
+    start = _pick(rng, later)
+    for (k, rank), log in view.logs.items():
+        if k != plan.attempt or rank >= plan.world_size:
+            continue
+        coords = semantics.MeshCoords.of_rank(rank, plan.world_size, tp_size=tp)
+        for line in log.lines:
+            if int(line.data["global_step"]) >= start:
+                _give_shard(view, line, coords)
+                _set(line, **coords.as_fields())
+        log.write()
+    return _fail("mesh_changed_without_resume",
+                 f"attempt {plan.attempt}: TP {tp} from step {start} on", "mesh_mismatch")
+
+
 def _shuffle_ids(view: RunView, rng: random.Random) -> Outcome | None:
     if not view.ids_logged():
         return None
@@ -868,6 +979,12 @@ CATALOGUE: tuple[Mutation, ...] = (
                            lambda li, r: {"time": float(li.data["time"]) + r.random()})),
     Mutation("shuffle_ids_in_record", "reorder the IDs inside one record's shard", False,
              _shuffle_ids),
+    Mutation("tp_peers_disagree", "make a tensor-parallel peer consume other samples than the "
+             "other peers of its step (mesh runs)", True, _tp_peers_disagree),
+    Mutation("dp_shard_wrong_rank", "make a record hold another data-parallel rank's shard of "
+             "its step (mesh runs)", True, _dp_shard_wrong_rank),
+    Mutation("mesh_changed_without_resume", "make every rank of an attempt name another mesh "
+             "of its world size from a later step on", True, _mesh_changed_without_resume),
 )
 """Every mutation; ``harmful`` ones must be caught, the others must pass."""
 

@@ -69,15 +69,15 @@ def _pack(batch: Batch) -> tuple[Any, ...]:
     if batch.fast and len(batch):
         steps = int(batch.steps[0])  # the fast path proved them consecutive
     return (batch.first_line, steps, len(batch), batch.time, batch.fast, batch.loss, batch.ids,
-            batch.id_block, batch.ints, batch.hashes)
+            batch.id_block, batch.ints, batch.hashes, batch.mesh)
 
 
 def _unpack(packed: tuple[Any, ...]) -> Batch:
-    first_line, steps, n, time, fast, loss, ids, id_block, ints, hashes = packed
+    first_line, steps, n, time, fast, loss, ids, id_block, ints, hashes, mesh = packed
     if isinstance(steps, int):
         steps = np.arange(steps, steps + n, dtype=np.int64)
     return Batch(first_line=first_line, steps=steps, time=time, fast=fast, loss=loss, ids=ids,
-                 id_block=id_block, ints=ints, hashes=hashes)
+                 id_block=id_block, ints=ints, hashes=hashes, mesh=mesh)
 
 
 def scan_file(task: ScanTask) -> ScannedFile:
@@ -99,10 +99,15 @@ class ScannedLog:
     and :meth:`batches` yields the same batches and raises the same error at the same point."""
 
     def __init__(self, path: Path, future: Future[ScannedFile], *, rank: int,
-                 local_batch: int | None, start_step: int) -> None:
+                 local_batch: int | None, start_step: int, world_size: int,
+                 shard_rank: int | None = None, shard_world: int | None = None,
+                 mesh_fields: tuple[int, int, int, int] | None = None) -> None:
         self.path = path
         self.rank = rank
         self.local_batch = local_batch
+        self.shard_rank = rank if shard_rank is None else shard_rank
+        self.shard_world = world_size if shard_world is None else shard_world
+        self.mesh_fields = mesh_fields
         self.next_step = start_step
         self.torn: tuple[int, str] | None = None
         self.fast_records = 0

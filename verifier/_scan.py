@@ -76,6 +76,8 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _get_loss = operator.itemgetter("loss")
 _get_time = operator.itemgetter("time")
 _get_ids = operator.itemgetter("sample_ids")
+_MESH_KEYS = ("dp_rank", "dp_size", "tp_rank", "tp_size")
+_get_mesh = operator.itemgetter(*_MESH_KEYS)
 _LOSS_TYPES = frozenset({float, int, type(None)})
 _TIME_TYPES = frozenset({float, int})
 
@@ -101,6 +103,9 @@ class Batch:
     ints: npt.NDArray[np.int64] | None = None
     """Slow path: columns of ``_INT_KEYS`` (shape (n, 8))."""
     hashes: npt.NDArray[np.uint64] | None = None
+    mesh: npt.NDArray[np.int64] | None = None
+    """Slow path: the records' mesh fields ``dp_rank, dp_size, tp_rank, tp_size`` (shape
+    (n, 4), -1 where a record does not name one); None when no record names any."""
 
     def __len__(self) -> int:
         return int(self.steps.size)
@@ -135,6 +140,11 @@ class RankLog:
     ``local_batch`` is None when the attempt's world size does not divide the global batch;
     then only the slow path runs (the checker reports that).
 
+    On a mesh (:mod:`verifier.mesh`) ``shard_rank``/``shard_world`` are the rank's
+    data-parallel coordinate and degree (whose shard it consumes; default: ``rank`` and
+    ``world_size``) and ``mesh_fields`` the ``(dp_rank, dp_size, tp_rank, tp_size)`` every
+    record must name (None: records name none), which the fast path proves too.
+
     The file is opened with :func:`ecrl.contract.runformat.open_regular` (no link followed on
     the way from ``root``, no FIFO, device or socket). A line longer than ``max_line`` bytes is a
     :class:`RunFormatError` as soon as that many bytes were read without a newline, so memory
@@ -145,7 +155,9 @@ class RankLog:
                  local_batch: int | None, geometry: semantics.Geometry, seed: int,
                  torn_ok: bool, start_step: int, log_ids: bool, want_loss: bool,
                  block: int = BLOCK_BYTES, fast: bool = True, root: Path | None = None,
-                 max_line: int = MAX_LINE_BYTES) -> None:
+                 max_line: int = MAX_LINE_BYTES, shard_rank: int | None = None,
+                 shard_world: int | None = None,
+                 mesh_fields: tuple[int, int, int, int] | None = None) -> None:
         self.path = path
         self.root = root
         self.max_line = max_line
@@ -166,7 +178,11 @@ class RankLog:
         self._lines_in_block = 0
         self._error: RunFormatError | None = None
         self._templates: dict[tuple[int, int, int], _Template] = {}
-        self._fast_ok = fast and local_batch is not None and 0 <= rank < world_size
+        self.shard_rank = rank if shard_rank is None else shard_rank
+        self.shard_world = world_size if shard_world is None else shard_world
+        self.mesh_fields = mesh_fields
+        self._fast_ok = fast and local_batch is not None and 0 <= rank < world_size \
+            and 0 <= self.shard_rank < self.shard_world
         self._chunks = self._read()
 
     # -- reading ---------------------------------------------------------------------------
@@ -285,12 +301,12 @@ class RankLog:
         epochs = steps // s
         cursors = steps - epochs * s
         if self.log_ids:
-            expected_ids = semantics.shard_block(geometry, self.seed, steps, self.rank,
-                                                 self.world_size)
+            expected_ids = semantics.shard_block(geometry, self.seed, steps, self.shard_rank,
+                                                 self.shard_world)
             hashes = semantics.ids_hashes(expected_ids)
         else:
-            hashes = semantics.shard_hashes(geometry, self.seed, steps, self.rank,
-                                            self.world_size)
+            hashes = semantics.shard_hashes(geometry, self.seed, steps, self.shard_rank,
+                                            self.shard_world)
         hexes = np.frombuffer(hashes.astype(">u8").tobytes().hex().encode(),
                               dtype=np.uint8).reshape(n, 16)
         dg, de, dc = _ndigits(steps), _ndigits(epochs), _ndigits(cursors)
@@ -353,6 +369,8 @@ class RankLog:
         keys = set(first)
         if keys.intersection(PREFIX_KEYS) or (self.log_ids and "sample_ids" not in keys):
             return None
+        if not self._mesh_proven(rests, keys):
+            return None
         # Same size and a union no larger than the first: every object has exactly its keys.
         if set(map(len, rests)) != {len(keys)} or set().union(*rests) != keys:
             return None
@@ -385,6 +403,15 @@ class RankLog:
                      time=np.array(times, dtype=np.float64), fast=True, loss=loss,
                      id_block=expected_ids if "sample_ids" in keys else None)
 
+    def _mesh_proven(self, rests: list[Any], keys: set[str]) -> bool:
+        """Every record names exactly the rank's mesh fields (or, off a mesh, none)."""
+        if self.mesh_fields is None:
+            return not keys.intersection(_MESH_KEYS)
+        if not keys.issuperset(_MESH_KEYS):
+            return False  # every object has exactly the first one's keys (checked before)
+        said = set(map(_get_mesh, rests))
+        return said == {self.mesh_fields} and set(map(type, next(iter(said)))) == {int}
+
     # -- slow path -------------------------------------------------------------------------
 
     def _slow(self, buf: bytearray, nbytes: int) -> Batch:
@@ -399,6 +426,7 @@ class RankLog:
         times: list[float] = []
         losses: list[float] = []
         ids: list[npt.NDArray[np.int64] | None] = []
+        mesh: list[tuple[int, ...]] = []
         for i, line in enumerate(lines):
             number = self.next_line + i
             try:
@@ -414,6 +442,9 @@ class RankLog:
             times.append(float(record.time))
             losses.append(float("nan") if record.loss is None else float(record.loss))
             ids.append(None if record.sample_ids is None else _id_array(record.sample_ids))
+            # -1: not named; a value beyond int64 is no coordinate of any mesh either.
+            mesh.append(tuple(-1 if v is None else min(v, 2**62) for v in (
+                record.dp_rank, record.dp_size, record.tp_rank, record.tp_size)))
         try:
             table = np.array(ints, dtype=np.int64).reshape(len(ints), len(_INT_KEYS))
         except OverflowError:
@@ -424,7 +455,9 @@ class RankLog:
                      time=np.array(times, dtype=np.float64), fast=False,
                      loss=np.array(losses, dtype=np.float64),
                      ids=ids if any(x is not None for x in ids) else None, ints=table,
-                     hashes=np.array(hashes, dtype=np.uint64))
+                     hashes=np.array(hashes, dtype=np.uint64),
+                     mesh=np.array(mesh, dtype=np.int64).reshape(len(mesh), 4)
+                     if any(max(m) >= 0 for m in mesh) else None)
 
 
     def _record(self, line: bytes, path: str, number: int) -> StepRecord:

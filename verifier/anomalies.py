@@ -44,6 +44,9 @@ OBLIGATIONS: Mapping[str, str] = {
              "step",
     "state": "every resume loaded the checkpoint it names and restored every object it saved, "
              "with the digest it was saved with",
+    "mesh": "on a mesh, every attempt's records name one mesh (DP x TP = W, B % DP == 0, each "
+            "rank its own place, unchanged until a resume) and the tensor-parallel peers of "
+            "every committed step consumed identical samples",
 }
 """Proof obligation name -> what it states (ARCHITECTURE.md, "Committed lineage")."""
 
@@ -108,6 +111,13 @@ KINDS: Mapping[str, Kind] = {
              "checkpoint saved, or the state of another step"),
         Kind("state_not_restored", "state",
              "a resumed attempt did not restore an object its checkpoint saved"),
+        Kind("mesh_mismatch", "mesh",
+             "a record's mesh coordinates disagree with its attempt's mesh: sizes that do not "
+             "make the world size or divide the batch, two ranks at one place, or a mesh that "
+             "changed without a resume"),
+        Kind("tp_peer_mismatch", "mesh",
+             "two tensor-parallel peers (ranks with one data-parallel coordinate) consumed "
+             "different samples at a committed step"),
     )
 }
 """Every anomaly kind, in the order reports list them."""

@@ -347,6 +347,41 @@ def _state_not_restored(a: Anomaly, e: Mapping[str, Any]) -> str:
             f"(restored: {restored})")
 
 
+_MESH_REASONS = {
+    "sizes": "names another mesh than rank {reference} of its attempt",
+    "product": "names a mesh whose DP x TP is not the attempt's world size",
+    "batch": "names a data-parallel size that does not divide the global batch",
+    "range": "names coordinates outside its mesh",
+    "collision": "names the place on the mesh that rank {other} holds",
+    "unnamed": "names no mesh coordinates while rank {reference} of its attempt does",
+    "partial": "names only some of dp_rank, dp_size, tp_rank, tp_size",
+}
+
+
+def _mesh_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    if e["reason"] == "changed":
+        return (f"rank {a.rank} at step {a.step} names {a.actual}, but it began attempt "
+                f"{a.attempt} with {a.expected}: a mesh changes only at a resume"
+                + _tentative(e))
+    why = _MESH_REASONS[e["reason"]].format(reference=e.get("reference"), other=e.get("other"))
+    return (f"rank {a.rank} of attempt {a.attempt} (world size {e['world_size']}) {why}: it "
+            f"says {a.actual}, expected {a.expected}")
+
+
+def _tp_peer_mismatch(a: Anomaly, e: Mapping[str, Any]) -> str:
+    def said(value: list[int] | None) -> str:
+        if value is None:
+            return "its shard"
+        ids = "ID" if value[0] == 1 else "IDs"
+        return f"{value[0]} {ids} hashing to {semantics.format_hash(value[1])}"
+
+    peer = a.related[0]
+    return (f"ranks {a.rank} and {e['peer']} share data-parallel rank {e['dp_rank']} (of "
+            f"{e['tp_size']} tensor-parallel peers), yet at step {a.step} rank {a.rank} "
+            f"consumed {said(e['says'])} and rank {e['peer']} {said(e['peer_says'])} "
+            f"({peer.file}:{peer.line})")
+
+
 EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {
     "resume_mismatch": _resume_mismatch,
     "duplicate_record": _duplicate_record,
@@ -371,6 +406,8 @@ EXPLAINERS: Mapping[str, Callable[[Anomaly, Mapping[str, Any]], str]] = {
     "order_mismatch": _order_mismatch,
     "state_digest_mismatch": _state_digest_mismatch,
     "state_not_restored": _state_not_restored,
+    "mesh_mismatch": _mesh_mismatch,
+    "tp_peer_mismatch": _tp_peer_mismatch,
 }
 """Kind -> explainer, for the kinds whose checkers record evidence instead of a sentence."""
 

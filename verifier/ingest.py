@@ -29,6 +29,7 @@ from verifier.audit import AuditCoverage, EpochHashes, StepAudit
 from verifier.coverage import EpochVerdict, SampleCoverage, StepRuns
 from verifier.errors import Unusable
 from verifier.lineage import AttemptPlan, Lineage
+from verifier.mesh import AttemptMesh, TpPeers, attempt_mesh, first_record
 from verifier.replay import DEFAULT_TOLERANCE, ReplayTracker
 from verifier.schema import RunInputs
 from verifier.windows import RecordContext, check_records, format_ids
@@ -122,6 +123,10 @@ class Ingest:
         self.loss_sum = np.zeros(self.target) if want_series else None
         self.loss_n = np.zeros(self.target, dtype=np.int64) if want_series else None
         self._last_progress = time.monotonic()
+        self.meshes: dict[int, AttemptMesh] = {}
+        self._peeked: dict[int, AttemptMesh | None] = {}
+        """Attempts that ran on a mesh (:mod:`verifier.mesh`); the others are plain DDP."""
+        self.tp_peers = TpPeers()
 
     # -- scanning --------------------------------------------------------------------------
 
@@ -153,8 +158,15 @@ class Ingest:
         for a scan started before the attempts before it are judged (losses read whenever
         the replay check may want them; reading more never changes a verdict)."""
         wants = self.replay.may_want if ahead else self.replay.wants
+        mesh = self._peek_mesh(plan)
+        place = mesh.places.get(rank) if mesh is not None else None
         return dict(attempt=plan.attempt, rank=rank, world_size=plan.world_size,
-                    local_batch=self._local_batch(plan), geometry=self.geometry,
+                    local_batch=place.local_batch if place is not None
+                    else self._local_batch(plan),
+                    shard_rank=place.shard_rank if place is not None else None,
+                    shard_world=place.shard_world if place is not None else None,
+                    mesh_fields=place.fields if place is not None else None,
+                    geometry=self.geometry,
                     seed=self.manifest.seed, torn_ok=plan.torn_ok, start_step=plan.lo,
                     fast=not self.audit, root=self.inputs.root, log_ids=self.manifest.log_ids,
                     want_loss=self.want_series or wants(plan.attempt))
@@ -183,9 +195,10 @@ class Ingest:
     def _scan_attempt(self, plan: AttemptPlan) -> None:
         k, w = plan.attempt, plan.world_size
         b = self.geometry.global_batch
+        mesh = self._attempt_mesh(plan)
         local = self._local_batch(plan)
         scans = self._scans.pop(k, None)
-        if local is None and not self.audit:
+        if local is None and not self.audit and mesh is None:
             self.sink.add(Anomaly(
                 kind="world_size_mismatch", file="supervisor.json", attempt=k,
                 expected=f"a divisor of {b}", actual=str(w),
@@ -208,8 +221,11 @@ class Ingest:
                 continue
             self.ledgers[(k, rank)] = StepRuns()
             if scans is not None and rank in scans:
-                readers.append(ScannedLog(path, scans[rank], rank=rank, local_batch=local,
-                                          start_step=plan.lo))
+                options = self._log_options(plan, rank)  # the worker's RankLog had these
+                readers.append(ScannedLog(
+                    path, scans[rank], rank=rank, local_batch=options["local_batch"],
+                    start_step=plan.lo, world_size=w, shard_rank=options["shard_rank"],
+                    shard_world=options["shard_world"], mesh_fields=options["mesh_fields"]))
             else:
                 readers.append(RankLog(path, **self._log_options(plan, rank)))
         stats = self.stats[k]
@@ -240,6 +256,38 @@ class Ingest:
             self.step_audit.drop_attempt(k)
         self.replay.attempt_done(k)
         self._say(f"attempt {k} done ({self.records:,} records so far)", force=True)
+
+    def _peek_mesh(self, plan: AttemptPlan) -> AttemptMesh | None:
+        """:meth:`_attempt_mesh` without reporting (a scan's options, possibly ahead of the
+        attempt's turn: its anomalies are reported in that turn, in the order of one process)."""
+        if plan.attempt not in self._peeked:
+            self._peeked[plan.attempt] = self._attempt_mesh(plan, sink=AnomalySink(),
+                                                            keep=False)
+        return self._peeked[plan.attempt]
+
+    def _attempt_mesh(self, plan: AttemptPlan, *, sink: AnomalySink | None = None,
+                      keep: bool = True) -> AttemptMesh | None:
+        """The mesh ``plan``'s attempt ran on, from its ranks' first records (None: DDP)."""
+        if self.audit:
+            return None
+        files = {r: p for r, p in self.inputs.paths.rank_logs(plan.attempt).items()
+                 if r < plan.world_size}
+        mesh = attempt_mesh(
+            attempt=plan.attempt, world_size=plan.world_size,
+            global_batch=self.geometry.global_batch,
+            firsts={r: first_record(p, self.inputs.root) for r, p in files.items()},
+            file_of=lambda r: self.inputs.rel(files[r]) if r in files
+            else f"logs/attempt-{plan.attempt:03d}/rank-{r:03d}.jsonl",
+            sink=self.sink if sink is None else sink)
+        if mesh is not None and keep:
+            self.meshes[plan.attempt] = mesh
+            self.replay.tp_sizes[plan.attempt] = mesh.tp_size
+        return mesh
+
+    def _primary(self, attempt: int, rank: int) -> bool:
+        """Whether a rank's records count samples and loss (tensor-parallel coordinate 0)."""
+        mesh = self.meshes.get(attempt)
+        return mesh is None or rank not in mesh.places or mesh.place(rank).primary
 
     def _take(self, plan: AttemptPlan, reader: RankLog | ScannedLog, batch: Batch) -> None:
         n = len(batch)
@@ -272,7 +320,10 @@ class Ingest:
         else:
             ctx = RecordContext(file=rel, attempt=k, rank=rank, world_size=plan.world_size,
                                 local_batch=reader.local_batch, geometry=self.geometry,
-                                seed=self.manifest.seed, audit=self.audit)
+                                seed=self.manifest.seed, audit=self.audit,
+                                shard_rank=reader.shard_rank, shard_world=reader.shard_world,
+                                mesh=reader.mesh_fields,
+                                tp_peers=self.tp_peers if k in self.meshes else None)
             compared, reordered = check_records(batch, committed, ctx, self.sink)
             self.shards += compared
             self.order_only += reordered
@@ -290,6 +341,7 @@ class Ingest:
             stats.commit_time = t if stats.commit_time is None else max(stats.commit_time, t)
         if self.want_series:
             self._series(batch, committed, rank, stats)
+        primary = self._primary(k, rank)
         if self.replay.wants(k):
             self.replay.take(attempt=k, rank=rank, steps=steps, loss=batch.loss,
                              local_batch=reader.local_batch or 0 if batch.fast
@@ -297,13 +349,14 @@ class Ingest:
                              first_line=batch.first_line, file=rel)
         if self.audit and ncommit:  # audit mode never takes the fast path
             self._audit(plan, rel, rank, batch, committed)
-        if self.win_hash is not None and ncommit:
+        if self.win_hash is not None and ncommit and primary:
             self._windows(plan, reader, batch, committed)
-        if self.samples is not None and ncommit:
+        if self.samples is not None and ncommit and (primary or not batch.fast):
             if batch.id_block is not None:
                 self._count_block(batch, committed)
             elif batch.ids is not None:
-                self._count_samples(plan, rel, rank, batch, committed)
+                # A tensor-parallel peer's IDs are its shard's copy: checked, not counted.
+                self._count_samples(plan, rel, rank, batch, committed, count=primary)
 
     def _audit(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
                committed: npt.NDArray[np.bool_]) -> None:
@@ -330,7 +383,7 @@ class Ingest:
         if batch.fast:
             # Proven equal to the expected shards, whose hashes the fast path compared.
             hashes = semantics.shard_hashes(self.geometry, self.manifest.seed, steps,
-                                            reader.rank, plan.world_size)
+                                            reader.shard_rank, reader.shard_world)
             counts: npt.NDArray[np.int64] | int = reader.local_batch or 0
         else:
             assert batch.hashes is not None
@@ -380,7 +433,7 @@ class Ingest:
             self.samples.add_distinct(epoch, batch.id_block[rows[lo:hi]].ravel())
 
     def _count_samples(self, plan: AttemptPlan, rel: str, rank: int, batch: Batch,
-                       committed: npt.NDArray[np.bool_]) -> None:
+                       committed: npt.NDArray[np.bool_], *, count: bool = True) -> None:
         assert self.samples is not None and batch.ids is not None
         d = self.geometry.dataset_size
         s = self.geometry.steps_per_epoch
@@ -399,6 +452,8 @@ class Ingest:
                     sample_ids=tuple(outside[:8].tolist()), count=int(outside.size),
                     expected=f"IDs in [0, {d})", actual=format_ids(outside),
                     evidence={"outside": outside.tolist(), "dataset_size": d}))
+            if not count:
+                continue
             if epoch in self.finished_epochs:
                 self.late_records += 1
                 continue
@@ -418,6 +473,9 @@ class Ingest:
         unreadable or nothing was committed)."""
         if self.aborted or not self.committed_records:
             return
+        if self.meshes:
+            self.tp_peers.judge(meshes=self.meshes, ledgers=self.ledgers, files=self.files,
+                                sink=self.sink)
         if self.samples is not None:
             self._judge_epochs(self.samples.finish_all())
         if self.epoch_hashes is not None:

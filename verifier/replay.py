@@ -74,6 +74,9 @@ class ReplayTracker:
 
     previous: dict[int, int] = field(default_factory=dict)
     """Attempt -> the attempt listed before it (numbers may skip a stray log folder)."""
+    tp_sizes: dict[int, int] = field(default_factory=dict)
+    """Attempt -> its tensor-parallel degree, for attempts on a mesh: its ranks' sum counts
+    each data-parallel shard's loss once per peer, so it is divided by the degree."""
 
     def __post_init__(self) -> None:
         for plan, nxt in zip(self.plans, self.plans[1:], strict=False):
@@ -122,15 +125,16 @@ class ReplayTracker:
         plans = {p.attempt: p for p in self.plans}
         failed = plans[before]
         succ = plans[attempt]
-        exact = self.deterministic and failed.world_size == succ.world_size
+        tp_a, tp_b = self.tp_sizes.get(before, 1), self.tp_sizes.get(attempt, 1)
+        exact = self.deterministic and failed.world_size == succ.world_size and tp_a == tp_b
         for step in sorted(earlier):
             a_ranks, b_ranks = earlier[step], new.get(step, {})
             if sorted(a_ranks) != list(range(failed.world_size)) \
                     or sorted(b_ranks) != list(range(succ.world_size)):
                 continue  # a rank that died before logging it: no global loss to compare
             self.replayed_steps += 1
-            a = global_loss([a_ranks[r] for r in sorted(a_ranks)], self.global_batch)
-            b = global_loss([b_ranks[r] for r in sorted(b_ranks)], self.global_batch)
+            a = global_loss([a_ranks[r] for r in sorted(a_ranks)], self.global_batch) / tp_a
+            b = global_loss([b_ranks[r] for r in sorted(b_ranks)], self.global_batch) / tp_b
             if not (math.isfinite(a) and math.isfinite(b)):
                 continue
             self.compared += 1

@@ -8,6 +8,7 @@ Records whose prefix the scanner already proved (:attr:`verifier._scan.Batch.fas
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy.typing as npt
 from ecrl.contract import semantics
 from verifier._scan import Batch
 from verifier.anomalies import Anomaly, AnomalySink
+from verifier.mesh import TpPeers
 
 __all__ = ["RecordContext", "check_records", "format_ids"]
 
@@ -47,8 +49,40 @@ class RecordContext:
     tentative: bool = False
     """The rows are tentative records of an unfinished run (after its last durable checkpoint):
     judged the same, and their witnesses say so."""
+    shard_rank: int | None = None
+    """On a mesh: the data-parallel coordinate whose shard the rank consumes (None: ``rank``)."""
+    shard_world: int | None = None
+    """On a mesh: the data-parallel degree (None: ``world_size``)."""
+    mesh: tuple[int, int, int, int] | None = None
+    """On a mesh: the ``(dp_rank, dp_size, tp_rank, tp_size)`` every record must name (None:
+    records name none)."""
+    tp_peers: TpPeers | None = None
+    """On a mesh: where records that consumed other samples than their shard are remembered,
+    for the tensor-parallel peer check."""
 
 
+
+
+def _check_mesh(batch: Batch, rows: npt.NDArray[np.intp], ctx: RecordContext,
+                sink: AnomalySink, record: Callable[..., Anomaly]) -> None:
+    """Every record names its rank's mesh coordinates (or, off a mesh, none): a mesh changes
+    only at a resume."""
+    said = batch.mesh[rows] if batch.mesh is not None else np.full((rows.size, 4), -1)
+    want = np.array(ctx.mesh if ctx.mesh is not None else (-1, -1, -1, -1), dtype=np.int64)
+    bad = np.flatnonzero((said != want[None, :]).any(axis=1))
+
+    def shown(values: Sequence[int]) -> str:
+        if all(v < 0 for v in values):
+            return "no mesh coordinates"
+        return ", ".join(f"{k} {'-' if v < 0 else v}" for k, v in zip(
+            ("dp_rank", "dp_size", "tp_rank", "tp_size"), values, strict=True))
+
+    sink.add_many("mesh_mismatch", int(bad.size), (
+        record("mesh_mismatch", int(i),
+               {"reason": "changed", "says": said[i].tolist(),
+                "mesh": list(ctx.mesh) if ctx.mesh is not None else None,
+                "world_size": ctx.world_size},
+               expected=shown(want.tolist()), actual=shown(said[i].tolist())) for i in bad))
 
 
 def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordContext,
@@ -94,6 +128,9 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
                expected=f"world_size {ctx.world_size}, local_batch {ctx.local_batch}",
                actual=f"world_size {world[i]}, local_batch {local[i]}") for i in bad))
 
+    if batch.mesh is not None or ctx.mesh is not None:
+        _check_mesh(batch, rows, ctx, sink, record)
+
     s = ctx.geometry.steps_per_epoch
     epoch = batch.column("epoch")[rows]
     cursor = batch.column("cursor_step")[rows]
@@ -127,7 +164,11 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
         return int(rows.size), 0  # audited record by record; the samples are counted later
     if ctx.local_batch is None or not 0 <= ctx.rank < ctx.world_size:
         return 0, 0
-    expected = semantics.shard_block(ctx.geometry, ctx.seed, steps, ctx.rank, ctx.world_size)
+    shard_rank = ctx.rank if ctx.shard_rank is None else ctx.shard_rank
+    shard_world = ctx.world_size if ctx.shard_world is None else ctx.shard_world
+    if not 0 <= shard_rank < shard_world:
+        return 0, 0
+    expected = semantics.shard_block(ctx.geometry, ctx.seed, steps, shard_rank, shard_world)
     expected_hash = semantics.ids_hashes(expected)
     found: list[Anomaly] = []
     mismatches = reordered = 0
@@ -138,6 +179,10 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
             if ok:
                 continue
             mismatches += 1
+            if ctx.tp_peers is not None:
+                ctx.tp_peers.add(attempt=ctx.attempt, step=int(steps[i]), dp_rank=shard_rank,
+                                 rank=ctx.rank, count=int(count[i]), digest=int(hashes[i]),
+                                 file=ctx.file, line=int(lines[i]))
             if len(found) < sink.wants("shard_mismatch"):
                 found.append(record(
                     "shard_mismatch", i,
@@ -152,6 +197,10 @@ def check_records(batch: Batch, committed: npt.NDArray[np.bool_], ctx: RecordCon
             reordered += not np.array_equal(ids, expected[i])
             continue
         mismatches += 1
+        if ctx.tp_peers is not None:
+            ctx.tp_peers.add(attempt=ctx.attempt, step=int(steps[i]), dp_rank=shard_rank,
+                             rank=ctx.rank, count=int(ids.size), digest=own[i][0],
+                             file=ctx.file, line=int(lines[i]))
         if len(found) < sink.wants("shard_mismatch"):
             got_set, want_set = set(ids.tolist()), set(expected[i].tolist())
             unexpected = sorted(got_set - want_set)

@@ -25,6 +25,12 @@ Windows and shards. Step ``s`` of epoch ``e`` consumes ``perm_e[s*B : (s+1)*B]``
 world of ``W`` ranks takes the contiguous ``window[r*L : (r+1)*L]`` with ``L = B / W``. The window
 does not depend on ``W``, which is what makes a resume at another world size exact.
 
+Meshes. Under FSDP, HSDP or tensor parallelism the window is split over the *data-parallel*
+ranks, not over all ranks: with a tensor-parallel degree ``TP`` the data-parallel degree is
+``DP = W / TP`` (the product of the replicate and shard dimensions), ``L = B / DP``, data-parallel
+rank ``d`` takes ``window[d*L : (d+1)*L]`` and the ``TP`` ranks that share ``d`` consume the
+identical shard (:class:`MeshCoords`, :func:`mesh_shard`). DDP is ``TP = 1``, ``d = rank``.
+
 Hash. ``hash(ids) = sum(mix64(i)) mod 2^64`` is order-independent and additive, so the shards of
 any world size sum to the window's hash.
 """
@@ -63,6 +69,10 @@ __all__ = [
     "format_hash",
     "parse_hash",
     "combine_hashes",
+    "MeshCoords",
+    "data_parallel_degree",
+    "mesh_local_batch",
+    "mesh_shard",
 ]
 
 PERMUTATION_ALGORITHM = "feistel-cyclewalk-mix64"
@@ -477,3 +487,87 @@ class SamplerState:
         if geo.get("steps_per_epoch", geometry.steps_per_epoch) != geometry.steps_per_epoch:
             raise SemanticsError("sampler state's steps_per_epoch disagrees with its dataset size")
         return state
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeshCoords:
+    """Where one rank sits in a (data-parallel × tensor-parallel) mesh: which shard it consumes.
+
+    The data-parallel coordinate covers every dimension that splits the batch (HSDP's replicate
+    and shard dimensions flattened, replicate outermost, as ``DeviceMesh._flatten`` numbers
+    them); the tensor-parallel coordinate every dimension whose ranks share a batch.
+    """
+
+    dp_rank: int
+    """d: which contiguous slice of the window this rank consumes."""
+    dp_size: int
+    """DP: data-parallel degree (slices per window)."""
+    tp_rank: int = 0
+    """This rank's place among the ranks that consume the same slice."""
+    tp_size: int = 1
+    """TP: ranks that consume each slice (1 without tensor parallelism)."""
+
+    def __post_init__(self) -> None:
+        dp = _check_int("data-parallel size", self.dp_size, low=1, high=MAX_DATASET_SIZE)
+        tp = _check_int("tensor-parallel size", self.tp_size, low=1, high=MAX_DATASET_SIZE)
+        object.__setattr__(self, "dp_size", dp)
+        object.__setattr__(self, "tp_size", tp)
+        object.__setattr__(self, "dp_rank",
+                           _check_int("data-parallel rank", self.dp_rank, low=0, high=dp - 1))
+        object.__setattr__(self, "tp_rank",
+                           _check_int("tensor-parallel rank", self.tp_rank, low=0, high=tp - 1))
+
+    @property
+    def world_size(self) -> int:
+        """W = DP × TP."""
+        return self.dp_size * self.tp_size
+
+    @classmethod
+    def ddp(cls, rank: int, world_size: int) -> MeshCoords:
+        """Plain data parallelism: every rank is a data-parallel rank (``TP = 1``)."""
+        return cls(dp_rank=rank, dp_size=world_size)
+
+    @classmethod
+    def of_rank(cls, rank: int, world_size: int, *, tp_size: int = 1) -> MeshCoords:
+        """The coordinates of global ``rank`` in a ``(DP, TP)`` mesh laid out as
+        ``init_device_mesh(..., (DP, TP), mesh_dim_names=("dp", "tp"))`` lays it out:
+        tensor-parallel peers are consecutive ranks (``rank = d * TP + t``)."""
+        dp = data_parallel_degree(world_size, tp_size)
+        r = _check_int("rank", rank, low=0, high=world_size - 1)
+        return cls(dp_rank=r // tp_size, dp_size=dp, tp_rank=r % tp_size, tp_size=tp_size)
+
+    def as_fields(self) -> dict[str, int]:
+        """The step record's mesh fields (``docs/run-format.md``)."""
+        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "tp_rank": self.tp_rank,
+                "tp_size": self.tp_size}
+
+
+def data_parallel_degree(world_size: int, tp_size: int) -> int:
+    """DP = W / TP, after checking that the tensor-parallel degree divides the world size."""
+    w = _check_int("world size", world_size, low=1, high=MAX_DATASET_SIZE)
+    tp = _check_int("tensor-parallel size", tp_size, low=1, high=MAX_DATASET_SIZE)
+    if w % tp:
+        raise SemanticsError(
+            f"world size {w} is not divisible by the tensor-parallel size {tp}: a mesh needs "
+            f"W = DP x TP; choose a tensor-parallel size among {_divisors(w)}")
+    return w // tp
+
+
+def mesh_local_batch(global_batch: int, dp_size: int) -> int:
+    """L = B / DP: the samples each data-parallel rank (and each of its tensor-parallel peers)
+    consumes per step, after checking that DP divides B."""
+    b = _check_int("global batch", global_batch, low=1, high=MAX_DATASET_SIZE)
+    dp = _check_int("data-parallel size", dp_size, low=1, high=MAX_DATASET_SIZE)
+    if b % dp:
+        raise SemanticsError(
+            f"global batch {b} is not divisible by the data-parallel size {dp}: choose a "
+            f"data-parallel size among {_divisors(b)} (DP = world size / tensor-parallel size) "
+            "or another global batch")
+    return b // dp
+
+
+def mesh_shard(geometry: Geometry, seed: int, global_step: int, coords: MeshCoords) -> IdArray:
+    """The ``B / DP`` IDs the rank at ``coords`` consumes at ``global_step``: data-parallel
+    slice ``coords.dp_rank`` of the window, whatever its tensor-parallel coordinate."""
+    mesh_local_batch(geometry.global_batch, coords.dp_size)
+    return shard(geometry, seed, global_step, coords.dp_rank, coords.dp_size)

@@ -59,7 +59,8 @@ def build_manifest(*, seed: int, dataset: str, dataset_size: int, global_batch: 
                    steps_per_epoch: int, target_steps: int, log_ids: bool, model: str,
                    strategy: str, ckpt_every: int, fail_at: Sequence[int],
                    world_sizes: Sequence[int], sampler: Mapping[str, Any] | None = None,
-                   extra: Mapping[str, Any] | None = None) -> RunManifest:
+                   extra: Mapping[str, Any] | None = None,
+                   meshes: Sequence[Mapping[str, Any]] | None = None) -> RunManifest:
     """The ``run.json`` of a new run, stamped with this ECRL's permutation, version and time."""
     return RunManifest(
         seed=seed, dataset={"name": dataset, "size": dataset_size}, global_batch=global_batch,
@@ -69,6 +70,7 @@ def build_manifest(*, seed: int, dataset: str, dataset_size: int, global_batch: 
         log_ids=log_ids, strategy=strategy, ckpt_every=ckpt_every,
         fail_at=sorted(set(fail_at)), world_sizes=list(world_sizes), model=model,
         created=_now_iso(), sampler=None if sampler is None else dict(sampler),
+        meshes=None if not meshes else [dict(m) for m in meshes],
         extra={"ecrl_version": __version__, **(extra or {})})
 
 

@@ -34,6 +34,9 @@ STOPPED = dict(BASE, stop_at=19, end="stopped")
 EXT = dict(IDS, sampler="external")
 EXT_HASH = dict(EXT, log_ids=False)
 STATE = dict(HASH, digests=True)
+# A mesh run: DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2, then DP 4 x TP 1 at W = 4 (the
+# data-parallel degree changes 2 -> 1 -> 4 at the resumes).
+MESH = dict(IDS, world_sizes=(4, 2, 4), tp_sizes=(2, 2, 1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +105,19 @@ def _take_from_rank0(root: Path) -> None:
     _edit_record(0, 1, 2, change)(root)
 
 
+def _rename_peer(root: Path) -> None:
+    """From step 8 on, rank 1 of attempt 1 (DP 1 x TP 2) names tp_rank 0, rank 0's place, while
+    still consuming the same shard: its coordinates changed within the attempt."""
+    path = root / "logs/attempt-001/rank-001.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    for i, raw in enumerate(lines):
+        if raw and json.loads(raw)["global_step"] >= 8:
+            data = json.loads(raw)
+            data["tp_rank"] = 0
+            lines[i] = json.dumps(data, separators=(",", ":")).encode()
+    path.write_bytes(b"\n".join(lines))
+
+
 def _empty_logs(root: Path) -> None:
     for path in root.glob("logs/*/rank-*.jsonl"):
         path.write_bytes(b"")
@@ -135,6 +151,10 @@ CASES: list[Case] = [
     Case(name="pass-fresh-restart", verdict="PASS",
          description="failure before the first checkpoint: the next attempt starts at step 0",
          spec=dict(IDS, ckpt_every=0, strategy="none", fail_at=(5,), world_sizes=(2, 1))),
+    Case(name="pass-mesh-dp-change", verdict="PASS",
+         description="a mesh run whose data-parallel degree changes at each resume (DP 2 x TP "
+                     "2, DP 1 x TP 2, DP 4 x TP 1): tensor-parallel peers share their shard",
+         spec=MESH),
     # --- one anomaly kind each (with what it necessarily brings along) --------------------
     Case(name="resume-skipped-step", verdict="FAIL", mutation="skip_step_at_resume",
          kinds=frozenset({"resume_mismatch", "missing_step"}),
@@ -335,6 +355,18 @@ CASES: list[Case] = [
          description="an external sampler that may drop a remainder, with hash-only logs: "
                      "which samples an epoch leaves out is unknown",
          spec=dict(EXT_HASH, dataset_size=42, epoch_coverage="drop_remainder")),
+    Case(name="tp-peer-mismatch", verdict="FAIL", mutation="tp_peers_disagree", seed=1,
+         kinds=frozenset({"tp_peer_mismatch", "shard_mismatch"}),
+         description="a mesh run: the tensor-parallel peer (tp_rank 1) of data-parallel rank 0 "
+                     "consumed data-parallel rank 1's shard at step 2; a peer's copy is not "
+                     "counted in the epoch, so only its shard and its peer disagree",
+         spec=MESH),
+    Case(name="mesh-mismatch", verdict="FAIL", damage=_rename_peer,
+         kinds=frozenset({"mesh_mismatch"}),
+         description="a mesh run: from step 8 on, rank 1 of attempt 1 (DP 1 x TP 2) names "
+                     "tp_rank 0, the place of rank 0, consuming the same shard as before: the "
+                     "mesh changed without a resume",
+         spec=MESH),
     # --- the logs cannot support a verdict --------------------------------------------------
     Case(name="unknown-missing-manifest", verdict="UNKNOWN",
          description="run.json is missing", spec=HASH,

@@ -53,6 +53,8 @@ def test_the_message_is_written_from_the_evidence() -> None:
     ("state-digest-mismatch", "state_digest_mismatch", {"object", "saved", "restored"}),
     ("state-previous-checkpoint", "state_digest_mismatch", {"loaded_step"}),
     ("state-not-restored", "state_not_restored", {"object", "restored_objects"}),
+    ("tp-peer-mismatch", "tp_peer_mismatch", {"dp_rank", "peer", "says", "peer_says"}),
+    ("mesh-mismatch", "mesh_mismatch", {"reason", "says", "mesh"}),
 ])
 def test_checkers_record_evidence_and_the_explainer_writes_the_message(
         case: str, kind: str, keys: set[str]) -> None:

@@ -48,8 +48,8 @@ def test_every_fixture_run_gets_the_same_report(case: str, submit: Submit) -> No
     assert_same(FIXTURES / case, submit)
 
 
-# A failed attempt with a torn line, an ID-logging and a hash-only run, three attempts each:
-# every mutation of the catalogue applies to one of them (tests/verifier/test_verify_properties).
+# A failed attempt with a torn line, an ID-logging, a hash-only and a mesh run, three attempts
+# each: every mutation of the catalogue applies to one of them (tests/verifier/test_verify_properties).
 RICH = [
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
             fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
@@ -58,6 +58,10 @@ RICH = [
             digests=True),
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
             ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),
+    # A mesh run: DP 2 x TP 2, then DP 1 x TP 2, then DP 4 x TP 1 (the mesh kinds apply).
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(4, 2, 4),
+            tp_sizes=(2, 2, 1), fail_at=(12, 27), ckpt_every=5, strategy="blocking",
+            log_ids=True, chaos=7),
 ]
 
 

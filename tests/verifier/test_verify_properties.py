@@ -80,6 +80,10 @@ RICH = [
     # Stopped mid-step after step 33 (the last durable checkpoint is step 29): tentative records.
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
             ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),
+    # A mesh run: DP 2 x TP 2, then DP 1 x TP 2, then DP 4 x TP 1 (the mesh kinds apply).
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(4, 2, 4),
+            tp_sizes=(2, 2, 1), fail_at=(12, 27), ckpt_every=5, strategy="blocking",
+            log_ids=True, chaos=7),
 ]
 
 

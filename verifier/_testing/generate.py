@@ -121,12 +121,20 @@ class RunSpec:
     digests: bool = False
     """Checkpoint events carry state digests per saved object, and every resumed attempt writes
     ``restored.json`` with the digests of the checkpoint it loaded (:func:`state_digests`)."""
+    tp_sizes: tuple[int, ...] = ()
+    """A mesh run: the tensor-parallel degree of attempt 0, 1, … (the last repeats); the
+    data-parallel degree is W / TP, ranks laid out as ``MeshCoords.of_rank`` lays them out, and
+    records and run.json name the mesh. Empty: plain DDP (records name no mesh)."""
 
     def __post_init__(self) -> None:
         try:
             geometry = semantics.Geometry(dataset_size=self.dataset_size,
                                           global_batch=self.global_batch)
-            for w in self.world_sizes:
+            if self.tp_sizes:
+                for k in range(max(len(self.world_sizes), len(self.tp_sizes))):
+                    dp = semantics.data_parallel_degree(self.world_size_of(k), self.tp_of(k))
+                    semantics.mesh_local_batch(self.global_batch, dp)
+            for w in self.world_sizes if not self.tp_sizes else ():
                 geometry.local_batch(w)
         except semantics.SemanticsError as exc:
             raise VerifierError(f"RunSpec: {exc}") from None
@@ -151,6 +159,8 @@ class RunSpec:
             raise VerifierError("RunSpec: end must be stopped, running or failed")
         if self.sampler not in ("ecrl", "external"):
             raise VerifierError("RunSpec: sampler must be ecrl or external")
+        if self.tp_sizes and self.sampler != "ecrl":
+            raise VerifierError("RunSpec: a mesh run (tp_sizes) needs ECRL's sampler")
         if self.steps_per_epoch is not None and (self.sampler != "external"
                                                  or self.steps_per_epoch < 1):
             raise VerifierError("RunSpec: steps_per_epoch is for an external sampler, >= 1")
@@ -175,6 +185,17 @@ class RunSpec:
 
     def world_size_of(self, attempt: int) -> int:
         return self.world_sizes[min(attempt, len(self.world_sizes) - 1)]
+
+    def tp_of(self, attempt: int) -> int:
+        """The tensor-parallel degree of ``attempt`` (1 off a mesh)."""
+        return self.tp_sizes[min(attempt, len(self.tp_sizes) - 1)] if self.tp_sizes else 1
+
+    def coords(self, attempt: int, rank: int) -> semantics.MeshCoords | None:
+        """Where ``rank`` of ``attempt`` sits on its mesh (None: a DDP run)."""
+        if not self.tp_sizes:
+            return None
+        return semantics.MeshCoords.of_rank(rank, self.world_size_of(attempt),
+                                            tp_size=self.tp_of(attempt))
 
     def checkpoint_due(self, step: int) -> bool:
         return self.strategy != "none" and self.ckpt_every > 0 \
@@ -305,6 +326,9 @@ def generate_run(spec: RunSpec, root: str | Path) -> GeneratedRun:
         sampler=({"kind": "external", "name": "tests.ShuffledSampler",
                   "epoch_coverage": spec.epoch_coverage}
                  if spec.sampler == "external" else None), extra=extra,
+        meshes=[{"dp_size": spec.world_size_of(k) // spec.tp_of(k), "tp_size": spec.tp_of(k)}
+                for k in range(max(len(spec.world_sizes), len(spec.tp_sizes)))]
+        if spec.tp_sizes else None,
         target_steps=spec.target_steps,
         permutation={"algorithm": semantics.PERMUTATION_ALGORITHM,
                      "version": semantics.PERMUTATION_VERSION},
@@ -414,7 +438,10 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
              steps: range, step_times: dict[int, float], noise: dict[int, float]
              ) -> Iterator[dict[str, object]]:
     """Step records of one rank as dicts in StepRecord.to_dict() order, a block at a time."""
-    local = geometry.local_batch(a.world_size)
+    coords = spec.coords(a.attempt, rank)
+    dp_rank, dp_size = (rank, a.world_size) if coords is None else (coords.dp_rank,
+                                                                     coords.dp_size)
+    local = semantics.mesh_local_batch(geometry.global_batch, dp_size)
     s = spec.epoch_steps
     block = 1 << 14
     for lo in range(steps.start, steps.stop, block):
@@ -424,7 +451,7 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
                             for g in chunk.tolist()]) if chunk.size else \
                 np.zeros((0, local), dtype=np.int64)
         else:
-            ids = semantics.shard_block(geometry, spec.seed, chunk, rank, a.world_size)
+            ids = semantics.shard_block(geometry, spec.seed, chunk, dp_rank, dp_size)
         hashes = semantics.ids_hashes(ids).tolist()
         id_lists = ids.tolist() if spec.log_ids else None
         for i, g in enumerate(chunk.tolist()):
@@ -437,6 +464,8 @@ def _records(spec: RunSpec, geometry: semantics.Geometry, a: AttemptPlanned, ran
                 "time": round(step_times.get(g, T0) + 0.0001 * rank, 6)}
             if id_lists is not None:
                 record["sample_ids"] = id_lists[i]
+            if coords is not None:
+                record.update(coords.as_fields())
             record["step_s"] = spec.step_s
             yield record
 

@@ -71,7 +71,12 @@ class RunManifest(Record):
     ``torch.utils.data.DistributedSampler``: the verifier audits what it can prove without
     windows). Further keys describe the sampler and are kept as they are."""
 
-    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"sampler"})
+    meshes: list[Mapping[str, Any]] | None = None
+    """On a mesh: ``[{"dp_size": DP, "tp_size": TP, ...}, ...]``, the mesh of attempt 0, 1, …
+    as planned (the last repeats, like ``world_sizes``); absent: every attempt is plain DDP.
+    Further keys (``replicate``, ``shard``, ``parallel``) describe the mesh and are kept."""
+
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"sampler", "meshes"})
     _SPEC: ClassVar[dict[str, tuple[Check, str]]] = spec(
         seed=is_nonneg_int,
         dataset=(
@@ -102,6 +107,12 @@ class RunManifest(Record):
             and (v["kind"] == "ecrl" or is_str(v.get("name"))),
             '{"kind": "ecrl"} or {"kind": "external", "name": str, ...}',
         ),
+        meshes=(
+            lambda v: isinstance(v, list) and bool(v) and all(
+                isinstance(m, dict) and is_int(m.get("dp_size")) and m["dp_size"] > 0
+                and is_int(m.get("tp_size")) and m["tp_size"] > 0 for m in v),
+            'a non-empty list of {"dp_size": positive int, "tp_size": positive int, ...}',
+        ),
     )
 
     @property
@@ -112,6 +123,12 @@ class RunManifest(Record):
     @property
     def dataset_size(self) -> int:
         return int(self.dataset["size"])
+
+    def mesh_of(self, attempt: int) -> Mapping[str, Any] | None:
+        """The mesh planned for ``attempt`` (the last entry repeats); None: plain DDP."""
+        if not self.meshes:
+            return None
+        return self.meshes[min(attempt, len(self.meshes) - 1)]
 
     def world_size_of(self, attempt: int) -> int:
         """World size planned for ``attempt`` (the last entry repeats)."""
@@ -261,8 +278,18 @@ class StepRecord(Record):
     """Wall-clock seconds (Unix time) when the step's update completed."""
     sample_ids: list[int] | None = None
     """The IDs themselves, when the run logs them (``run.json`` ``log_ids``)."""
+    dp_rank: int | None = None
+    """On a mesh: this rank's data-parallel coordinate (which slice of the window it consumed;
+    absent: the run is plain DDP and it is ``rank``)."""
+    dp_size: int | None = None
+    """On a mesh: the data-parallel degree DP = W / TP (absent: ``world_size``)."""
+    tp_rank: int | None = None
+    """On a mesh: this rank's tensor-parallel coordinate (absent: 0)."""
+    tp_size: int | None = None
+    """On a mesh: the tensor-parallel degree TP, the ranks that consume each slice (absent: 1)."""
 
-    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"sample_ids"})
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"sample_ids", "dp_rank", "dp_size", "tp_rank", "tp_size"})
     _SPEC: ClassVar[dict[str, tuple[Check, str]]] = spec(
         attempt=is_nonneg_int,
         global_step=is_nonneg_int,
@@ -276,7 +303,20 @@ class StepRecord(Record):
         loss=(optional(is_number), "a number or null"),
         time=is_number,
         sample_ids=(list_of(is_int), "a list of integers"),
+        dp_rank=is_nonneg_int,
+        dp_size=(lambda v: is_int(v) and v > 0, "a positive integer"),
+        tp_rank=is_nonneg_int,
+        tp_size=(lambda v: is_int(v) and v > 0, "a positive integer"),
     )
+
+    @property
+    def mesh(self) -> tuple[int, int, int, int] | None:
+        """``(dp_rank, dp_size, tp_rank, tp_size)`` when the record names all four, else
+        None (a DDP record names none; a partial set is the verifier's to judge)."""
+        if self.dp_rank is None or self.dp_size is None or self.tp_rank is None \
+                or self.tp_size is None:
+            return None
+        return self.dp_rank, self.dp_size, self.tp_rank, self.tp_size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -65,6 +65,7 @@ from ecrl.runtime.checkpoint.deadline import (
     estimate_ckpt_s,
     resolve_deadline,
 )
+from ecrl.runtime.checkpoint.dtensor import FullStates
 from ecrl.runtime.checkpoint.jit import JitCheckpoints, exit_after_rescue, rescue_reason
 from ecrl.runtime.checkpoint.persist import (
     checkpoint_in,
@@ -188,6 +189,13 @@ class Checkpointer:
                 f"Checkpointer(strategy='jit'): {loaders[0]!r} is a DataLoader, whose position "
                 "moves ahead of the step a rescue saves; checkpoint its sampler "
                 "(ecrl.GlobalBatchSampler) instead, or use another strategy")
+        # FSDP2 / DTensor entries are gathered whole at each boundary and resharded on load.
+        self._full = FullStates({k: _unwrap(o) for k, o in self.state.items()})
+        if self.strategy_name == "jit" and self._full:
+            raise ConfigError(
+                f"Checkpointer(strategy='jit'): {sorted(self._full.modules)[0]!r} is sharded "
+                "(FSDP2/DTensor), so no rank holds a full replica to rescue from; use blocking, "
+                "overlapped or sharded")
         self.every = settings.effective_ckpt_every
         self.keep = settings.keep_checkpoints
         self.max_inflight = settings.max_inflight
@@ -263,7 +271,8 @@ class Checkpointer:
                 "keys": sorted(self.state), "time": time.time(), "ecrl_version": __version__}
 
     def _capture(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
-        out = {key: _unwrap(obj).state_dict() for key, obj in self.state.items()}
+        out = {key: self._full.state_dict(key) if key in self._full
+               else _unwrap(obj).state_dict() for key, obj in self.state.items()}
         out[RNG_KEY] = {"world_size": self.world_size, "ranks": rngs}
         return out
 
@@ -275,8 +284,10 @@ class Checkpointer:
             target_steps=self.target if self.target is not None else 2**62,
             every=self.every, keep=self.keep, max_inflight=self.max_inflight,
             capture=self._capture, meta=self._meta,
-            optimizers=tuple(o for o in self.state.values()
-                             if isinstance(o, torch.optim.Optimizer)))
+            # A sharded optimizer's state is saved from gathered copies, never from its live
+            # storages: nothing of it can be copied later by the overlapped pipeline.
+            optimizers=tuple(o for k, o in self.state.items()
+                             if isinstance(o, torch.optim.Optimizer) and k not in self._full))
 
     def _build_strategy(self) -> Strategy:
         if self._strategy is None:
@@ -370,9 +381,18 @@ class Checkpointer:
                 continue
             if fault == "drop_optimizer" and key == "optimizer":  # TEST ONLY
                 wanted = {**wanted, "state": {}}
+            if key in self._full:
+                self._full.load(key, wanted)
+                continue  # its digest below, once every sharded entry is loaded
             _unwrap(obj).load_state_dict(wanted)
             if self.rank == 0:  # the digest of the state as loaded, from the live object
                 loaded[key] = digests.live_digest(_read_back(obj, wanted))
+        if self._full:
+            self._full.gather()  # the state as loaded, whole (a collective)
+            if self.rank == 0:
+                for key in self.state:
+                    if key in self._full:
+                        loaded[key] = digests.live_digest(self._full.state_dict(key))
         self._attest = (step, loaded, saved[RNG_KEY])
         nxt = step + 1
         for sampler in self.samplers:
@@ -480,6 +500,8 @@ class Checkpointer:
         strategy = self._build_strategy()
         if self._jit is not None:
             self._jit.step_completed(step)
+        if self._full and (not self._prepared or strategy.due(step)):
+            self._full.gather()  # every rank, before the capture (rank 0's only, or all)
         if not self._prepared:
             strategy.prepare()
             self._prepared = True
@@ -529,6 +551,8 @@ class Checkpointer:
         saved = strategy.due(step) and strategy.name != "none"
         strategy.close()  # pending background writes first: latest.json never moves back
         if not saved:
+            if self._full:
+                self._full.gather()
             final = BlockingCheckpoints(self._context())
             final.name = "deadline"
             final.checkpoint(step)

@@ -27,7 +27,7 @@ from typing import Any
 from torch.utils.data import Sampler
 
 from ecrl.contract import semantics
-from ecrl.contract.errors import SemanticsError
+from ecrl.contract.errors import ConfigError, SemanticsError
 from ecrl.runtime._attempt import dist_rank_world, install_error_hook
 
 __all__ = ["GlobalBatchSampler", "check_state", "dist_rank_world"]
@@ -51,12 +51,23 @@ class GlobalBatchSampler(Sampler[list[int]]):
     iteration ends at the end of an epoch, and ``len()`` is the whole epoch's step count: what a
     framework's epoch loop expects (Lightning counts a resumed epoch's batches from the epoch's
     start, and iterates the loader once per epoch).
+    ``mesh``: on FSDP2, HSDP or tensor parallelism, the ``DeviceMesh`` (or its data-parallel
+    sub-mesh), or explicit ``dp_rank``/``dp_size`` (``tp_rank``/``tp_size``): the shard is then
+    the data-parallel rank's, shared by its tensor-parallel peers (:mod:`.mesh`);
+    :attr:`rank` and :attr:`world_size` become the data-parallel rank and degree.
     """
 
     def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0,
                  steps: int | None = None, rank: int | None = None,
-                 world_size: int | None = None, per_epoch: bool = False) -> None:
+                 world_size: int | None = None, per_epoch: bool = False, mesh: Any = None,
+                 dp_rank: int | None = None, dp_size: int | None = None,
+                 tp_rank: int | None = None, tp_size: int | None = None) -> None:
         install_error_hook()
+        self.mesh_coords = _mesh_coords(mesh, dp_rank, dp_size, tp_rank, tp_size, global_batch,
+                                        rank, world_size)
+        """This rank's place on the mesh (None: plain DDP, the shard is the global rank's)."""
+        if self.mesh_coords is not None:
+            rank, world_size = self.mesh_coords.dp_rank, self.mesh_coords.dp_size
         self.geometry = semantics.Geometry(dataset_size=dataset_size, global_batch=global_batch)
         self.seed = semantics.SamplerState.at_step(self.geometry, seed, 0).seed
         self.steps = steps
@@ -246,6 +257,23 @@ class GlobalBatchSampler(Sampler[list[int]]):
             raise self._iterating_error(f"loading the state of step {state.global_step}")
         self._next = state.global_step
         self._pending = None
+
+
+def _mesh_coords(mesh: Any, dp_rank: int | None, dp_size: int | None, tp_rank: int | None,
+                 tp_size: int | None, global_batch: int, rank: int | None,
+                 world_size: int | None) -> semantics.MeshCoords | None:
+    from ecrl.runtime.sampling.mesh import resolve_coords
+
+    coords = resolve_coords(mesh=mesh, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank,
+                            tp_size=tp_size, owner="GlobalBatchSampler",
+                            world_size=dist_rank_world()[1] if mesh is not None else None)
+    if coords is None:
+        return None
+    if rank is not None or world_size is not None:
+        raise ConfigError("GlobalBatchSampler: give rank=/world_size= (DDP) or a mesh (its "
+                          "data-parallel coordinates), not both")
+    semantics.mesh_local_batch(global_batch, coords.dp_size)  # B % DP, in one line
+    return coords
 
 
 def check_state(data: Mapping[str, Any], geometry: semantics.Geometry, seed: int

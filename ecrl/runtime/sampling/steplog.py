@@ -86,6 +86,17 @@ def _as_loss(loss: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _planned_meshes(world_sizes: Sequence[int], tp_size: int) -> list[dict[str, int]]:
+    """run.json's ``meshes``: the script's tensor-parallel degree at each planned world size
+    (DP = W / TP), up to the first world size it does not divide (unknown from there on)."""
+    out = []
+    for w in world_sizes:
+        if w % tp_size:
+            break
+        out.append({"dp_size": w // tp_size, "tp_size": tp_size})
+    return out or [{"dp_size": max(1, world_sizes[0] // tp_size), "tp_size": tp_size}]
+
+
 class StepLog:
     """Per-rank step records and ``run.json`` for one run directory.
 
@@ -99,6 +110,10 @@ class StepLog:
     ``drop_last`` with ``D % B != 0``; default ``"all"``, docs/run-format.md).
     ``deterministic=False`` declares kernels that are not bit-reproducible
     (the verifier then compares replayed losses with a tolerance).
+    ``mesh`` (or ``dp_rank``/``dp_size``/``tp_rank``/``tp_size``): on FSDP2, HSDP or tensor
+    parallelism, this rank's place on the mesh (:mod:`ecrl.runtime.sampling.mesh`); taken from
+    the sampler when it was given one. Each record then names its mesh coordinates and
+    ``run.json`` the mesh (docs/run-format.md).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
@@ -107,7 +122,9 @@ class StepLog:
                  seed: int | None = None, log_ids: bool = True, model: str = "user-model",
                  dataset: str = "user-dataset", check_ids: bool = True,
                  steps_per_epoch: int | None = None, deterministic: bool | None = None,
-                 epoch_coverage: str | None = None) -> None:
+                 epoch_coverage: str | None = None, mesh: Any = None,
+                 dp_rank: int | None = None, dp_size: int | None = None,
+                 tp_rank: int | None = None, tp_size: int | None = None) -> None:
         if isinstance(sampler, GlobalBatchSampler):
             given = {"dataset_size": dataset_size, "global_batch": global_batch, "seed": seed}
             mine = {"dataset_size": sampler.geometry.dataset_size,
@@ -171,13 +188,41 @@ class StepLog:
         self.world_size = self.run.world_size
         # ECRL's order needs W | B; an external sampler may hand ranks uneven shares (its
         # records then carry what each rank really got, and the verifier judges it).
+        self.mesh_coords = self._mesh(mesh, dp_rank, dp_size, tp_rank, tp_size)
+        """This rank's place on the mesh (None: plain DDP)."""
         self.local_batch = (self.geometry.local_batch(self.world_size) if self.sampler is not None
-                            else None)
+                            and self.mesh_coords is None else None)
+        if self.mesh_coords is not None:
+            self.local_batch = semantics.mesh_local_batch(self.geometry.global_batch,
+                                                          self.mesh_coords.dp_size)
         self.manifest: RunManifest | None = None
         self._checkpointing: dict[str, Any] = {"strategy": "none", "ckpt_every": 0,
                                                "fail_at": []}
         self._writer: JsonlWriter | None = None
         self._last: int | None = None
+
+    def _mesh(self, mesh: Any, dp_rank: int | None, dp_size: int | None, tp_rank: int | None,
+              tp_size: int | None) -> semantics.MeshCoords | None:
+        from ecrl.runtime.sampling.mesh import resolve_coords
+
+        given = resolve_coords(mesh=mesh, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank,
+                               tp_size=tp_size, world_size=self.world_size, owner="StepLog")
+        own = self.sampler.mesh_coords if self.sampler is not None else None
+        if given is not None and self.sampler is None:
+            raise ConfigError("StepLog(mesh=…) with an external sampler: auditing a mesh run "
+                              "is not supported yet; use ecrl.GlobalBatchSampler(mesh=…)")
+        if given is not None and own is None:
+            raise ConfigError("StepLog(mesh=…) but the GlobalBatchSampler has no mesh: give it "
+                              "the same mesh (it decides each rank's shard)")
+        if given is not None and given != own:
+            raise ConfigError(f"StepLog's mesh coordinates {given.as_fields()} disagree with "
+                              f"the sampler's {own.as_fields() if own else None}: give both the "
+                              "same mesh")
+        if own is not None and own.world_size != self.world_size:
+            raise ConfigError(f"the sampler's mesh has DP {own.dp_size} x TP {own.tp_size} = "
+                              f"{own.world_size} ranks, but this job has {self.world_size}: "
+                              "give the mesh this job trains on")
+        return own
 
     def declare_checkpointing(self, *, strategy: str, every: int, fail_at: Sequence[int]
                               ) -> None:
@@ -205,6 +250,8 @@ class StepLog:
             target_steps=self.steps, log_ids=self.log_ids, model=self.model,
             sampler=self.description,
             extra={} if self.deterministic is None else {"deterministic": self.deterministic},
+            meshes=None if self.mesh_coords is None else _planned_meshes(
+                settings["world_sizes"], self.mesh_coords.tp_size),
             **settings)
 
     def ensure_manifest(self) -> RunManifest:
@@ -285,7 +332,8 @@ class StepLog:
             local_batch=self.local_batch or max(1, len(ids)), sample_ids_count=len(ids),
             sample_ids_hash=semantics.format_hash(digest),
             loss=_as_loss(loss), time=time.time(),
-            sample_ids=ids if self.log_ids else None, extra=extra))
+            sample_ids=ids if self.log_ids else None, extra=extra,
+            **(self.mesh_coords.as_fields() if self.mesh_coords is not None else {})))
         self._last = step
         if self.sampler is not None:
             self.sampler.step_done(step)

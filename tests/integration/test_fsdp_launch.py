@@ -1,0 +1,134 @@
+"""A user's own FSDP2 script (docs/examples/fsdp_train.py) under ``ecrl launch`` with a change of
+the data-parallel degree (issue 31): world sizes 2 -> 1 with a failure after step 9. The run must
+PASS with windows checked, its records must name the mesh, the checkpoint must hold the whole
+model (not rank 0's shards), and the resume at DP 1 must have restored every saved object with the
+digest it was saved with (the state as loaded, gathered from the new mesh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Run, RunCache
+
+pytestmark = pytest.mark.torchrun
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fsdp_train.py"
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(runs: RunCache) -> Run:
+    # overlapped: rank 0 alone captures, from the copies every rank gathered at the boundary,
+    # and its pipeline must leave the sharded optimizer's live storages alone (a regression).
+    run = runs.get("launch-fsdp", ["--strategy", "overlapped", "--ckpt-every", "4",
+                                   "--world-sizes", "2,1", "--fail-at", "9", "--",
+                                   "python", str(EXAMPLE), "--steps", "20"], command="launch")
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+def test_fsdp_run_with_a_data_parallel_change_passes(fsdp_run: Run) -> None:
+    root = fsdp_run.root
+    state = json.loads((root / "supervisor.json").read_text())
+    assert [a["world_size"] for a in state["attempts"]] == [2, 1]
+    assert state["attempts"][1]["resumed_from_step"] == 7
+    manifest = json.loads((root / "run.json").read_text())
+    assert manifest["meshes"] == [{"dp_size": 2, "tp_size": 1}, {"dp_size": 1, "tp_size": 1}]
+    proc = subprocess.run([sys.executable, "-m", "verifier.cli", "--format", "json", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout)["runs"][0]
+    assert result["verdict"] == "PASS", proc.stdout
+    assert result["windows_checked"] is True
+    assert result["state"]["resumes_checked"] == 1 and result["state"]["objects_compared"] == 4
+    first = json.loads((root / "logs/attempt-000/rank-001.jsonl").read_text().splitlines()[0])
+    after = json.loads((root / "logs/attempt-001/rank-000.jsonl").read_text().splitlines()[0])
+    assert (first["dp_rank"], first["dp_size"], first["local_batch"]) == (1, 2, 4)
+    assert (after["dp_rank"], after["dp_size"], after["local_batch"]) == (0, 1, 8)
+
+
+def test_the_checkpoint_holds_the_whole_model_not_a_shard(fsdp_run: Run) -> None:
+    from ecrl.runtime.checkpoint import statepack
+    from ecrl.runtime.checkpoint.persist import read_checkpoint
+
+    latest = json.loads((fsdp_run.root / "checkpoints/latest.json").read_text())
+    saved = statepack.decode(read_checkpoint(fsdp_run.root / "checkpoints" / latest["path"]))
+    assert tuple(saved["model"]["0.weight"].shape) == (64, 16)
+    assert tuple(saved["optimizer"]["state"]["0.weight"]["exp_avg"].shape) == (64, 16)
+
+
+def test_jit_is_refused_in_one_line_for_a_sharded_model(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECRL_")}
+    os.environ.clear()
+    os.environ.update(env)
+    mp.start_processes(_jit_refused, args=(port, str(tmp_path)), nprocs=1, start_method="spawn")
+    message = (tmp_path / "message.txt").read_text()
+    assert "no rank holds a full replica to rescue from" in message and "\n" not in message
+
+
+def _jit_refused(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import ecrl
+    from ecrl.contract.errors import ConfigError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        try:
+            ecrl.Checkpointer({"model": model}, run_dir=Path(out) / "run", strategy="jit")
+        except ConfigError as exc:
+            Path(out, "message.txt").write_text(str(exc))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp_run(runs: RunCache) -> Run:
+    run = runs.get("launch-fsdp-tp", ["--strategy", "blocking", "--ckpt-every", "4",
+                                      "--world-sizes", "4,2", "--fail-at", "9", "--",
+                                      "python", str(EXAMPLE), "--steps", "16", "--tp", "2"],
+                   command="launch")
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+def test_tensor_parallel_fsdp_run_passes_and_disagreeing_peers_fail(tp_run: Run,
+                                                                     tmp_path: Path) -> None:
+    """DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2: PASS, the resharded state attested; the
+    same logs with one tensor-parallel peer consuming another shard: FAIL with both records."""
+    import random
+
+    from verifier import verify_run
+    from verifier._mutations import apply
+
+    result = verify_run(tp_run.root)
+    assert result.verdict == "PASS" and result.state is not None
+    assert result.state.objects_compared == 4
+    peers = [json.loads((tp_run.root / f"logs/attempt-000/rank-00{r}.jsonl").read_text()
+                        .splitlines()[0]) for r in (2, 3)]
+    assert [(p["dp_rank"], p["tp_rank"]) for p in peers] == [(1, 0), (1, 1)]
+    assert peers[0]["sample_ids"] == peers[1]["sample_ids"]
+    outcome = apply("tp_peers_disagree", tp_run.root, tmp_path / "mutant", random.Random(0))
+    assert outcome is not None
+    mutant = verify_run(tmp_path / "mutant")
+    assert mutant.verdict == "FAIL"
+    witness = next(a for a in mutant.anomalies if a.kind == "tp_peer_mismatch")
+    assert witness.file is not None and witness.related and witness.related[0].rank != witness.rank
