@@ -19,6 +19,8 @@ from lineage_check import load_run
 
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
 
+pytestmark = pytest.mark.torchrun
+
 BN = ["--model", "tiny-cnn-bn", "--dataset-size", "256", "--global-batch", "8", "--steps", "28",
       "--seed", "5", "--world-sizes", "2", "--ckpt-every", "4", "--max-inflight", "1"]
 STRATEGIES = ("none", "blocking", "overlapped", "jit")
