@@ -69,13 +69,14 @@ def main() -> None:
 
     for step, (ids, (x, y)) in zip(range(start, args.steps), loader):
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        # The IDs this batch really carried, logged before the gradients reach the all-reduce.
+        log.step(step, sample_ids=ids, loss=loss)
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         time.sleep(args.step_delay)
-        log.step(step, sample_ids=ids, loss=loss)  # the IDs this batch really carried
-        ckpt.after_step(step)  # checkpoint when due, injected failure when due
+        ckpt.after_step(step)  # the next step's RNG streams; checkpoint when due; injected failure
 
     ckpt.close()
     log.close()

@@ -25,16 +25,19 @@ from ecrl import __version__
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import RunManifest
+from ecrl.runtime.settings import RNG_POLICY
 
 __all__ = ["RUN_FIELDS", "STREAM_FIELDS", "build_manifest", "check_same_run"]
 
 # Not "strategy": a run may continue with another one (every strategy loads every checkpoint
 # format; each checkpoint event names the strategy that wrote it).
 STREAM_FIELDS = ("dataset.size", "global_batch", "seed", "steps_per_epoch", "target_steps",
-                 "sampler")
-"""What defines the sample stream a run consumes, whoever feeds it."""
+                 "sampler", "rng")
+"""What defines the sample stream a run consumes, whoever feeds it, and the random streams it
+draws (the RNG policy: the same for every strategy, so a run continued with another
+``--strategy`` keeps its trajectory)."""
 RUN_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps", "permutation",
-              "log_ids", "ckpt_every", "fail_at", "world_sizes", "model", "image_size", "lr")
+              "rng", "log_ids", "ckpt_every", "fail_at", "world_sizes", "model", "image_size", "lr")
 """What defines an ``ecrl run``: its stream, its failures and world sizes, and the settings kept
 only in the stored configuration that still define what is trained (another image size changes
 the model's input, another lr the updates)."""
@@ -44,10 +47,12 @@ _GET: dict[str, Callable[[RunManifest], Any]] = {
     "sampler": lambda m: (m.sampler or {"kind": "ecrl"}).get("kind"),
     "image_size": lambda m: m.extra.get("config", {}).get("image_size"),
     "lr": lambda m: m.extra.get("config", {}).get("lr"),
+    "rng": lambda m: m.extra.get("rng"),
 }
 _CONFIG_ONLY = ("image_size", "lr")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)",
+            "rng": "(ECRL version: its RNG policy)",
             "dataset.size": "--dataset-size"}
 
 
@@ -71,7 +76,7 @@ def build_manifest(*, seed: int, dataset: str, dataset_size: int, global_batch: 
         fail_at=sorted(set(fail_at)), world_sizes=list(world_sizes), model=model,
         created=_now_iso(), sampler=None if sampler is None else dict(sampler),
         meshes=None if not meshes else [dict(m) for m in meshes],
-        extra={"ecrl_version": __version__, **(extra or {})})
+        extra={"ecrl_version": __version__, "rng": dict(RNG_POLICY), **(extra or {})})
 
 
 def _value(manifest: RunManifest, field: str) -> Any:

@@ -48,7 +48,8 @@ from ecrl.runtime.deadlinetime import parse_deadline
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
            "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
            "TrainerSettings", "SupervisorSettings", "TRAINER_DEFAULTS", "SUPERVISOR_DEFAULTS",
-           "FAKE_CLASSES", "section_fields", "MODELS", "DATASETS", "check_finite"]
+           "FAKE_CLASSES", "section_fields", "MODELS", "DATASETS", "check_finite", "RNG_POLICY",
+           "RNG_NOTE"]
 
 SOURCES = ("flag", "script", "default")
 """Where a resolved setting came from: given to the supervisor (a flag or its config file), the
@@ -232,7 +233,22 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-MODELS = ("tiny-cnn", "resnet18", "resnet50")
+RNG_POLICY = {"policy": "per-step", "version": 1}
+"""The run's RNG policy, recorded in ``run.json`` (``rng``) and checked unchanged whenever a run
+continues, whatever ``--strategy`` becomes: before every step each rank's Python, NumPy and torch
+(CPU, CUDA) global generators are seeded from ``(seed, rank, step)``
+(:func:`ecrl.runtime.checkpoint.checkpointer.rank_seed`), under every strategy. It is what makes a
+``jit`` rescue exact (a survivor cannot gather a dead rank's streams, but every rank can derive
+them from the step), so it is every run's policy: the same run under ``none``, ``blocking``,
+``overlapped``, ``sharded`` and ``jit``, interrupted or not, draws the same numbers
+(docs/semantics.md, "Random streams")."""
+RNG_NOTE = ("ecrl: RNG policy per-step: Python's, NumPy's and torch's global generators are "
+            "reseeded from (seed, rank, step) before every step; generators your script creates "
+            "itself (torch.Generator, numpy.random.default_rng, random.Random) are neither "
+            "reseeded nor checkpointed")
+"""The one line a script's rank 0 prints when its run starts (docs/library.md)."""
+
+MODELS = ("tiny-cnn", "tiny-cnn-bn", "resnet18", "resnet50")
 """The built-in trainer's models (``--model``)."""
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 """The built-in trainer's data sets (``--dataset``)."""
@@ -266,7 +282,7 @@ class TrainerSettings:
     dataset_size: int | None = None
     """D: samples of the fake dataset (default 4096); other datasets have their own size."""
     model: str = "tiny-cnn"
-    """NAME: tiny-cnn, resnet18 or resnet50."""
+    """NAME: tiny-cnn, tiny-cnn-bn (with BatchNorm), resnet18 or resnet50."""
     global_batch: int = 32
     """B: samples per step over all ranks; constant for the whole run."""
     steps: int | None = None
@@ -320,9 +336,10 @@ class TrainerSettings:
     def model_parameters(self, num_classes: int) -> int:
         """The trainable parameters of ``model`` for ``num_classes`` classes (torch-free; the
         models' own count, pinned by a test): the tiny CNN's head grows with the image area."""
-        if self.model == "tiny-cnn":
+        if self.model in ("tiny-cnn", "tiny-cnn-bn"):
             side = self.image_size
-            return _TINY_CNN_CONV + (32 * (side // 4) ** 2 + 1) * num_classes
+            norms = 2 * (16 + 32) if self.model == "tiny-cnn-bn" else 0  # BatchNorm's affine
+            return _TINY_CNN_CONV + norms + (32 * (side // 4) ** 2 + 1) * num_classes
         base, per_class = _RESNET_PARAMETERS[self.model]
         return base + per_class * num_classes
 

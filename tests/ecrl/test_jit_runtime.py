@@ -7,13 +7,16 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import MAX_LINE_BYTES, RunPaths
 from ecrl.runtime.checkpoint import registry
-from ecrl.runtime.checkpoint.jit import JitCheckpoints, _copy_into, _KillHook, logged_through
+from ecrl.runtime.checkpoint.jit import JitCheckpoints, _KillHook, logged_through
 from ecrl.runtime.checkpoint.watchdog import Watchdog, WatchdogConfig
 from ecrl.runtime.endings import read_ending
 
@@ -58,23 +61,12 @@ def test_logged_through_trusts_only_a_regular_log_and_reads_a_bounded_tail(
     assert logged_through(huge) is None
 
 
-def test_copy_into_reuses_buffers_and_is_independent() -> None:
-    src = {"w": torch.arange(4.0), "groups": [{"lr": 0.1, "params": [0]}], "m": None}
-    first = _copy_into(src, None)
-    buffer = first["w"]
-    src["w"] += 1
-    assert torch.equal(first["w"], torch.arange(4.0))  # a copy, not a view
-    second = _copy_into(src, first)
-    assert second["w"] is buffer and torch.equal(buffer, torch.arange(4.0) + 1)
-    assert second["groups"] == [{"lr": 0.1, "params": [0]}] and second["m"] is None
-
-
 def test_kill_hook_parses_and_targets_one_rank_and_attempt() -> None:
     hook = _KillHook("5:forward:1:0,9:post-optimizer:1:2", rank=1, attempt=2)
     assert (hook.step, hook.phase) == (9, "post-optimizer")
     assert _KillHook("5:forward", rank=0, attempt=0).step is None  # default rank 1
     with pytest.raises(ValueError, match="ECRL_JIT_KILL"):
-        _KillHook("5:backward", rank=1, attempt=0)
+        _KillHook("5:update", rank=1, attempt=0)
 
 
 def test_jit_is_registered_and_built() -> None:
@@ -141,9 +133,23 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
-              ) -> JitCheckpoints:
-    """A one-rank jit strategy over ``model`` and ``opt``, attached at step 0."""
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, object]:
+    def copy(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [copy(v) for v in value]
+        return value
+
+    return {"model": copy(model.state_dict()), "optimizer": copy(opt.state_dict())}
+
+
+def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, *,
+              logged: list[int] | None = None) -> JitCheckpoints:
+    """A one-rank jit strategy over ``model`` and ``opt``, attached at step 0 (``logged``: the
+    steps this rank logged, checked before each update)."""
     from ecrl.contract.semantics import Geometry
     from ecrl.runtime.checkpoint.strategies import CheckpointContext
 
@@ -151,102 +157,122 @@ def _attached(tmp_path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
         paths=RunPaths.of(tmp_path), attempt=0, rank=0, world_size=1,
         geometry=Geometry(dataset_size=64, global_batch=8), target_steps=100, every=0, keep=2,
         max_inflight=1, capture=lambda rngs: {"model": model.state_dict(),
-                                              "optimizer": opt.state_dict()},
+                                              "optimizer": opt.state_dict(), "sampler": None},
         meta=lambda step: {}, optimizers=(opt,))
     jit = JitCheckpoints(ctx)
-    jit.attach(start=0, optimizers=[opt], modules=[model], reseed=lambda step: None)
+    jit.attach(start=0, optimizers=[opt], modules=[model],
+               position=lambda step: {"sampler": {"next": step + 1}},
+               logged=None if logged is None else (lambda: logged[-1] if logged else None))
     return jit
 
 
-@pytest.mark.parametrize("pipelined", [True, False])
-def test_the_copy_before_each_update_is_the_state_after_the_step_before(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipelined: bool) -> None:
-    from ecrl.runtime.checkpoint import jit as jit_module
-
-    # This model is tiny: below the threshold its copy is taken in the pre-hook; at 0, by the
-    # background pipeline from each boundary on.
-    monkeypatch.setattr(jit_module, "_PIPELINE_MIN_BYTES", 0 if pipelined else 1 << 40)
-
+def test_the_rescue_saves_the_live_state_with_the_step_it_belongs_to(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
-                                torch.nn.Linear(8, 2))
+                                torch.nn.Dropout(0.2), torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    jit = _attached(tmp_path, model, opt)
-    assert (jit._pipeline is not None) == pipelined
+    logged: list[int] = []
+    jit = _attached(tmp_path, model, opt, logged=logged)
+    log = RunPaths.of(tmp_path).rank_log(0, 0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    assert jit._choose()[3] == "no step completed in this attempt"
     after: dict[int, object] = {}
-    held: list[torch.Tensor] = []  # every weight copy the shadow held (kept alive: no id reuse)
-    for step in range(6):
-        model(torch.randn(16, 4)).square().mean().backward()  # moves BatchNorm's statistics
-        opt.step()  # the pre-hook copies the state as it was after the step before
-        opt.zero_grad()
-        assert jit._shadow_step == step - 1
-        if step:
-            # Parameters, momentum and the running statistics the forward started from.
-            assert _same(jit._shadow, after[step - 1])
-            assert jit._shadow["model"]["0.weight"].data_ptr() != model[0].weight.data_ptr()
-            if not any(jit._shadow["model"]["0.weight"] is t for t in held):
-                held.append(jit._shadow["model"]["0.weight"])
-        jit.step_completed(step)
-        jit.boundary_done()
-        after[step] = _copy_into({"model": model.state_dict(), "optimizer": opt.state_dict()},
-                                 None)
-    # two sets of copies, allocated once, taking turns (the one in force is never written to)
-    assert len(held) == 2
-    jit.close()
-
-
-def test_a_tensor_written_after_the_boundary_is_copied_as_the_update_found_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The copy of parameters and optimizer state runs in the background from the boundary on; a
-    # write in place before the update (a user's clamp) must not leave a mix of two states.
-    from ecrl.runtime.checkpoint import jit as jit_module
-
-    monkeypatch.setattr(jit_module, "_PIPELINE_MIN_BYTES", 0)
-
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    jit = _attached(tmp_path, model, opt)
-    assert jit._pipeline is not None
-
-    def state() -> object:
-        return _copy_into({"model": model.state_dict(), "optimizer": opt.state_dict()}, None)
-
     for step in range(3):
-        model(torch.randn(16, 4)).square().mean().backward()
+        loss = model(torch.randn(16, 4)).square().mean()  # moves BatchNorm's statistics
+        logged.append(step)
+        _lines(log, logged)
+        if step:
+            # In step's backward or all-reduce: no update yet, the state is the one after the
+            # step before, with the buffers as this step's forward found them.
+            tree, saved, source, _ = jit._choose()
+            assert (saved, source) == (step - 1, "live")
+            assert _same(tree, {**after[step - 1], "sampler": {"next": step}})
+        loss.backward()
         opt.step()
+        assert jit._choose()[3] == "this rank was inside its optimizer step"
         opt.zero_grad()
         jit.step_completed(step)
         jit.boundary_done()
-    # Step 3: clamped in place before its update; the copy is the state the update started from.
-    model(torch.randn(16, 4)).square().mean().backward()
-    with torch.no_grad():
-        model[0].weight.clamp_(-0.01, 0.01)
-    before_update = state()
-    opt.step()
-    opt.zero_grad()
-    assert jit._shadow_step == 2 and _same(jit._shadow, before_update)
-    jit.step_completed(3)
-    jit.boundary_done()
-    # Step 4 has no update (a skipped optimizer step): its boundary settles the copy of 3 (in
-    # force). A write in place after that boundary tears the copy of 4, which the boundary of 5
-    # drops (3 stays in force); step 6's update then takes the copy of 5.
-    after_3 = state()
-    model(torch.randn(16, 4)).square().mean().backward()
-    opt.zero_grad()
-    jit.step_completed(4)  # settles the copy of 3 (untouched): in force
-    assert jit._shadow_step == 3 and _same(jit._shadow, after_3)
-    with torch.no_grad():
-        model[1].bias.add_(1.0)
-    jit.boundary_done()
-    jit.step_completed(5)  # the copy of 4 was written to: dropped, 3 stays in force
-    assert jit._shadow_step == 3 and _same(jit._shadow, after_3)
-    jit.boundary_done()
-    before_update = state()
-    model(torch.randn(16, 4)).square().mean().backward()
-    opt.step()  # step 6's update: the background copy of 5 is in force
-    assert jit._shadow_step == 5 and _same(jit._shadow, before_update)
+        after[step] = _snapshot(model, opt)
+        tree, saved, _, _ = jit._choose()  # the update ran: the live state after step
+        assert saved == step and _same(tree, {**after[step], "sampler": {"next": step + 1}})
+    # A rank's log that lacks the step: nothing is saved rather than an unproven step.
+    _lines(log, [0, 1])
+    assert jit._choose()[3] == "step 2 is missing from a rank's log"
     jit.close()
+
+
+def test_an_update_before_the_step_is_logged_is_refused_under_jit(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    jit = _attached(tmp_path, model, opt, logged=[])
+    model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(ConfigError, match=r"before loss.backward\(\)"):
+        opt.step()
+    jit.close()
+
+
+class _CopyCounter(TorchDispatchMode):
+    """Counts the operations that copy a watched tensor's bytes into another tensor."""
+
+    COPIES: ClassVar[dict[Any, int]] = {  # operation: position of its source argument
+        torch.ops.aten.copy_.default: 1, torch.ops.aten.clone.default: 0,
+        torch.ops.aten._to_copy.default: 0, torch.ops.aten._foreach_copy_.default: 1}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: set[int] = set()
+        self.copies: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        at = self.COPIES.get(func)
+        if at is not None and self.watched:
+            sources = args[at] if isinstance(args[at], list | tuple) else [args[at]]
+            for t in sources:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.watched:
+                    self.copies.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_jit_takes_no_per_step_copy_of_parameters_or_optimizer_state(tmp_path: Path) -> None:
+    """The whole library path (Checkpointer, StepLog, sampler) under jit, every aten operation
+    of every step watched: nothing copies a parameter or an optimizer state tensor, and no other
+    thread (where a copy would escape the watch) runs."""
+    import ecrl
+    from ecrl.runtime import _attempt
+
+    _attempt._CACHE.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Dropout(0.2), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=12)
+    log = ecrl.StepLog(tmp_path, sampler=sampler, steps=12)
+    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "sampler": sampler}, log=log,
+                             strategy="jit", every=0)
+    start = ckpt.restore()
+    threads = threading.active_count()
+    counter = _CopyCounter()
+    with counter:
+        for step, ids in zip(range(start, 12), sampler, strict=True):
+            x = torch.randn(8, 4)
+            loss = model(x).square().mean()
+            log.step(step, sample_ids=ids, loss=loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ckpt.after_step(step)
+            counter.watched = {t.untyped_storage().data_ptr() for t in
+                               [*model.parameters(), *(v for s in opt.state.values()
+                                                       for v in s.values()
+                                                       if isinstance(v, torch.Tensor))]}
+            assert threading.active_count() == threads
+        assert not counter.copies, counter.copies
+        next(model.parameters()).detach().clone()  # the watch sees a copy when there is one
+    assert counter.copies == ["aten.clone.default"]
+    ckpt.close()
+    log.close()
+    _attempt._CACHE.clear()
 
 
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3, 2**63 - 1])

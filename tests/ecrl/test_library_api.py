@@ -210,10 +210,10 @@ def _train(run: Path, *, steps: int, every: int, stop_after: int | None = None, 
     start = ckpt.restore()
     for step, (ids, (x, y)) in zip(range(start, steps), loader, strict=True):
         loss = torch.nn.functional.cross_entropy(model(x), y)
+        log.step(step, sample_ids=ids, loss=loss)  # before the backward pass (docs/library.md)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        log.step(step, sample_ids=ids, loss=loss)
         ckpt.after_step(step)
         losses.append(float(loss.detach()))
         if step == stop_after:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -51,9 +52,19 @@ def test_a_difference_is_one_line_naming_field_values_and_way_out(
 
 def test_a_setting_an_old_run_never_recorded_is_not_compared() -> None:
     old = _manifest()
-    old = replace(old, extra={"ecrl_version": "0"})
+    old = replace(old, extra={"ecrl_version": "0", "rng": old.extra["rng"]})
     check_same_run(old, _manifest(), where="run.json", fields=RUN_FIELDS, planned_by="x",
                    fresh="y")
+
+
+def test_the_rng_policy_is_recorded_and_a_run_with_another_one_is_not_continued() -> None:
+    assert _manifest().extra["rng"] == {"policy": "per-step", "version": 1}
+    old = _manifest()
+    old = replace(old, extra={k: v for k, v in old.extra.items() if k != "rng"})
+    for fields in (RUN_FIELDS, STREAM_FIELDS):
+        with pytest.raises(ConfigError, match=re.escape('rng null, x {"policy": "per-step"')):
+            check_same_run(old, _manifest(), where="run.json", fields=fields, planned_by="x",
+                           fresh="y")
 
 
 def test_an_external_sampler_is_another_stream() -> None:

@@ -74,32 +74,35 @@ def jit_reference_long(runs: RunCache) -> Run:
 
 @pytest.fixture(scope="session")
 def jit_phases(runs: RunCache) -> Run:
-    """Rank 1 SIGKILLs itself in step 5's forward (attempt 0), just before step 11's optimizer
-    step (attempt 1) and just after step 17's (attempt 2, before its record is logged)."""
-    kills = "5:forward:1:0,11:pre-optimizer:1:1,17:post-optimizer:1:2"
-    return _made(runs.get("jit-phases", [*JIT, "--ckpt-every", "0"],
+    """Rank 1 SIGKILLs itself in step 5's forward (attempt 0, before it logged 5), at the start
+    of step 8's backward (attempt 1: logged, its gradients not yet in the all-reduce), just
+    before step 11's optimizer step (attempt 2) and just after step 17's (attempt 3)."""
+    kills = "5:forward:1:0,8:backward:1:1,11:pre-optimizer:1:2,17:post-optimizer:1:3"
+    return _made(runs.get("jit-phases", [*JIT, "--ckpt-every", "0", "--max-restarts", "5"],
                           env={"ECRL_JIT_KILL": kills}))
 
 
 def test_jit_phases_replay_at_most_one_step_and_match_the_uninterrupted_run(
         jit_phases: Run, jit_reference: Run) -> None:
     state = _state(jit_phases.root)
-    assert [a.status for a in state.attempts] == ["jit", "jit", "jit", "completed"]
+    assert [a.status for a in state.attempts] == ["jit", "jit", "jit", "jit", "completed"]
     resumed = [a.resumed_from_step for a in state.attempts]
-    # Forward of 5: rank 0 fails in step 5's all-reduce and saves its live state of step 4.
-    # Before or after 11's and 17's updates the all-reduce is done: rank 0 completes the step
-    # and fails in the next one, but rank 1 never logged it, so the copy taken before that
-    # update (10, 16) is saved and the step is replayed once.
-    assert resumed == [None, 4, 10, 16]
-    jits = [state.extra["endings"][str(a)]["jit"] for a in range(3)]
-    assert [(j["saved"], j["source"], j["rank"]) for j in jits] == [
-        (True, "live", 0), (True, "previous", 0), (True, "previous", 0)]
-    assert _replayed_per_failure(jit_phases.root) == [0, 1, 1]
+    # Every record is written before its rank's gradients enter the step's all-reduce. Killed
+    # before its all-reduce of 5 or 8 (logged or not), rank 1 leaves rank 0 in that all-reduce,
+    # with the state after 4 or 7. Killed after its all-reduce of 11 or 17, it logged the step
+    # before: rank 0 completes the step, fails in the next one and saves its live state of 11 or
+    # 17. No copy of the state is ever taken: every rescue saves the live state.
+    assert resumed == [None, 4, 7, 11, 17]
+    jits = [state.extra["endings"][str(a)]["jit"] for a in range(4)]
+    assert [(j["saved"], j["source"], j["rank"]) for j in jits] == [(True, "live", 0)] * 4
+    # Rank 0 logged the step it was in when it learnt of the death (its forward had run): one
+    # replayed step per failure, never more.
+    assert _replayed_per_failure(jit_phases.root) == [1, 1, 1, 1]
     _same_as(jit_phases.root, jit_reference.root)
     report = _verify(jit_phases.root)
     assert report["verdict"] == "PASS"
     metrics = report["runs"][0]["metrics"]
-    assert metrics["replayed_per_failure"] == [0, 1, 1] and metrics["endings"] == {"jit": 3}
+    assert metrics["replayed_per_failure"] == [1, 1, 1, 1] and metrics["endings"] == {"jit": 4}
 
 
 # ResNet-18 has BatchNorm: its running statistics change in the forward pass, so by the time a
@@ -112,15 +115,16 @@ JIT_BN = ["--model", "resnet18", "--image-size", "16", "--dataset-size", "128",
 
 def test_jit_rescues_keep_batchnorm_statistics_exact(runs: RunCache) -> None:
     reference = _made(runs.get("jit-bn-reference", JIT_BN))
-    # Forward of 3 (rank 0 saves its live state of 2), after 9's update (rank 0 saves the copy
-    # taken before that update; the copy before an update is the same copy on either side of
-    # it, test_jit_phases_… kills on both), rank 0 in the forward of 11 (rank 1 saves its live
-    # state of 10): each state's running statistics must be those the next step's forward
-    # started from (rank 0's), not the ones it left.
+    # Forward of 3 (rank 0 saves its live state of 2, its buffers as step 3's forward found
+    # them), after 9's update (rank 0 fails in DDP's broadcast of its buffers at step 10's
+    # forward and saves its live state of 9), rank 0 in the forward of 11 (rank 1 saves its
+    # live state of 10 with the buffers DDP broadcast from rank 0 at 11's start): each state's
+    # running statistics must be those the next step's forward started from (rank 0's), not
+    # the ones it left.
     kills = "3:forward:1:0,9:post-optimizer:1:1,11:forward:0:2"
     rescued = _made(runs.get("jit-bn-phases", JIT_BN, env={"ECRL_JIT_KILL": kills}))
     state = _state(rescued.root)
-    assert [a.resumed_from_step for a in state.attempts] == [None, 2, 8, 10]
+    assert [a.resumed_from_step for a in state.attempts] == [None, 2, 9, 10]
     assert [state.extra["endings"][str(a)]["jit"]["rank"] for a in range(3)] == [0, 0, 1]
     _same_as(rescued.root, reference.root)
     assert _verify(rescued.root)["verdict"] == "PASS"

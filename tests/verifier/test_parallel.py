@@ -49,7 +49,7 @@ def test_every_fixture_run_gets_the_same_report(case: str, submit: Submit) -> No
 
 
 # A failed attempt with a torn line, an ID-logging, a hash-only and a mesh run, three attempts
-# each: every mutation of the catalogue applies to one of them (tests/verifier/test_verify_properties).
+# each: every mutation of the catalogue applies to one of them (as in test_verify_properties).
 RICH = [
     RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
             fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),

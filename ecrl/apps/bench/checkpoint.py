@@ -4,8 +4,9 @@ the sharded strategies' stall beside them at 1 and 2 ranks.
 For each model (tiny CNN, ResNet-18, ResNet-50) the benchmark runs the real thing — ``ecrl run``
 under its supervisor, torchrun, the trainer, real fsyncs — with the same seed, data and
 steps: ``--strategy none``, ``blocking`` and ``overlapped``, checkpointing every 50 steps, and
-``jit`` without periodic checkpoints (its steady-state cost: the copy of the state before each
-update and the per-step RNG reseed).
+``jit`` without periodic checkpoints (its steady-state cost: the per-step copy of the module
+buffers, a forward pre-hook and an optimizer step pre-hook; no copy of parameters or optimizer
+state, and the per-step RNG reseed is every strategy's).
 It then reads the run directories:
 
 - stall: the median ``stall_s`` of the checkpoint events (``checkpoint_rank0.jsonl``) of the
@@ -226,14 +227,20 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 candidate_value=o_rate, alternative_value=none_rate,
                 note=f"blocking every {case.every}: {b_rate:.3g} steps/s "
                      f"({b_rate / none_rate:.1%}); {_load_note(load)}"))
-            j_rate = max(_steps_per_s(p, case.window) for p in runs["jit"])
+            j_rates = [_steps_per_s(p, case.window) for p in runs["jit"]]
+            j_rate = max(j_rates)
+            # Runs i of none and jit ran close together (interleaved): their ratio is the spread.
+            paired = [j / n for j, n in zip(j_rates, (_steps_per_s(p, case.window)
+                                                      for p in runs["none"]), strict=False)]
             rows.append(BenchRow(
                 candidate="jit (no periodic checkpoints)", alternative="no checkpoints",
                 metric=f"{case.model}: steady-state steps/s, B={case.global_batch} "
                        "(higher is better)",
                 candidate_value=j_rate, alternative_value=none_rate,
-                note="each boundary's capture of the state for the copy a rescue may save (its "
-                     "tensors copied under the next step) and the per-step RNG reseed; "
+                note=f"spread of the {len(paired)} paired runs (jit/none, run i of each): "
+                     f"{min(paired):.3f}–{max(paired):.3f}, median "
+                     f"{statistics.median(paired):.3f}; jit's cost: the per-step copy of the "
+                     "module buffers and two hooks, no copy of parameters or optimizer state; "
                      f"{_load_note(load)}"))
             ratio = o_stall / b_stall
             targets.append(Target(

@@ -3,10 +3,12 @@
 ``Checkpointer({"model": ddp_model, "optimizer": opt, "scheduler": sched, "sampler": sampler})``
 saves and restores each value through torch's Stateful protocol (``state_dict`` and
 ``load_state_dict``; a ``DistributedDataParallel`` model is unwrapped so that the checkpoint
-holds the plain module's keys). Every rank's RNG states (Python, NumPy, torch CPU, CUDA) are
-gathered at each checkpoint and restored at resume; a rank that has no saved streams (the job grew,
-or a fresh start) gets streams derived from the run's seed, its rank and the step, so that the
-same run gives the same numbers however often it was interrupted.
+holds the plain module's keys). RNG streams follow the run's policy
+(:data:`ecrl.runtime.settings.RNG_POLICY`, the same for every strategy): at each step boundary
+every rank's Python, NumPy, torch CPU and CUDA generators are seeded from the run's seed, the rank
+and the next step (:func:`rank_seed`), so that the same run gives the same numbers however often
+it was interrupted and whatever strategy each attempt used. Checkpoints still carry every rank's
+streams (as the boundary set them: the same values), and a resume sets them.
 
 :meth:`Checkpointer.restore` loads the checkpoint this attempt resumes from (the one the
 supervisor chose, or ``checkpoints/latest.json`` when running standalone), verifies its checksum,
@@ -87,6 +89,7 @@ from ecrl.runtime.failure import FailurePlan, fatal_reason, inject
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.steplog import StepLog
 from ecrl.runtime.settings import (
+    RNG_NOTE,
     SETTINGS_FILE,
     CheckpointSettings,
     ResolvedCheckpoint,
@@ -104,15 +107,14 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     # torch.manual_seed's effect on the generators ECRL runs on, without its per-call imports of
-    # every backend (55 µs against 2 µs: jit reseeds at every step boundary).
+    # every backend (55 µs against 2 µs: every step boundary reseeds).
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)  # queued until CUDA initialises, as manual_seed does
 
 
 def rank_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of ``rank``'s training RNG streams from ``step`` on, when no saved state
-    covers it."""
+    """The seed of ``rank``'s RNG streams for ``step`` (the per-step RNG policy)."""
     return mix64_int(mix64_int(seed) ^ mix64_int(rank * 2**32 + step)) & (2**63 - 1)
 
 
@@ -330,6 +332,8 @@ class Checkpointer:
                               json.dumps(self.settings.record()) + "\n")
         point = self._resume_point()
         if point is None:
+            if self.rank == 0 and self.run.attempt == 0:
+                print(RNG_NOTE, file=sys.stderr, flush=True)
             for sampler in self.samplers:
                 sampler.expect_state(None)
             self._restore_rng(lambda: self._seed_rank(0))
@@ -425,16 +429,24 @@ class Checkpointer:
             strategy = self._build_strategy()
             if isinstance(strategy, JitCheckpoints):
                 self._jit = strategy
+                log = self.log
                 strategy.attach(
                     start=start,
                     optimizers=[o for o in self.state.values()
                                 if isinstance(o, torch.optim.Optimizer)],
                     modules=[_unwrap(o) for o in self.state.values()
                              if isinstance(_unwrap(o), torch.nn.Module)],
-                    reseed=self._seed_rank)
+                    position=self._positions,
+                    logged=None if log is None else (lambda: log.last_step))
                 self._hook_uncaught()
         if self._watchdog is not None:
             self._watchdog.start()
+
+    def _positions(self, step: int) -> dict[str, Any]:
+        """The samplers' states after ``step`` (a rescue saves a step the sampler may have
+        moved past: the step log marks a step done when it is logged, before its update)."""
+        return {key: obj.state_at(step + 1) for key, obj in self.state.items()
+                if isinstance(obj, GlobalBatchSampler)}
 
     def _hook_uncaught(self) -> None:
         """``jit``: an exception that ends the script uncaught (a loop not inside ``with
@@ -488,8 +500,8 @@ class Checkpointer:
     # --- the step boundary -----------------------------------------------------------------------
 
     def after_step(self, step: int) -> None:
-        """Call after each step's update (and its ``log.step``): checkpoint when due, then the
-        injected failure when due."""
+        """Call after each step's update (its ``log.step`` came before the backward pass): the
+        next step's RNG streams, the checkpoint when due, then the injected failure when due."""
         if self._restored is None:
             raise ConfigError("Checkpointer.after_step before restore(): call restore() before "
                               "the loop, and start the loop at the step it returns")
@@ -500,6 +512,7 @@ class Checkpointer:
         strategy = self._build_strategy()
         if self._jit is not None:
             self._jit.step_completed(step)
+        self._seed_rank(step + 1)  # the RNG policy, whatever the strategy: before any capture
         if self._full and (not self._prepared or strategy.due(step)):
             self._full.gather()  # every rank, before the capture (rank 0's only, or all)
         if not self._prepared:

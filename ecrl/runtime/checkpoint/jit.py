@@ -1,4 +1,4 @@
-"""The ``jit`` strategy: a healthy rank saves the state when a peer dies or hangs.
+"""The ``jit`` strategy: a healthy rank saves its live state when a peer dies or hangs.
 
 In data parallelism every rank holds the whole model and optimizer state, so when one rank dies
 the others still have it (seed ``004_…``). The survivors learn of the death from their next
@@ -9,37 +9,48 @@ which saves **without any collective** (the peers may be gone) and commits with 
 protocol as every other checkpoint (file, fsync, checkpoint event, ``latest.json``). The first
 survivor to create ``logs/attempt-NNN/jit.claim`` (``O_EXCL``) writes; the others only exit.
 
-Which step the rescued state belongs to (the seed's rule for a failure during the optimizer
-step). A survivor stuck in step c+1's all-reduce holds the state after step c: the update of
-c+1 cannot have begun, because it needs the all-reduced gradients. But the dead rank may have
-died *after* step c's all-reduce and before its record of step c reached its log (in its
-optimizer step, say): step c then happened (its data reached the update) but is missing from the
-dead rank's log, and a checkpoint of step c would commit a step the logs cannot prove. So:
+Which step the rescued state belongs to. Every rank flushes its record of step c *before* its
+gradients can enter step c's all-reduce (the step-record contract, ``docs/run-format.md``). So
+when a survivor has completed step c's all-reduce, every rank has logged c; and a survivor's
+state is always the state after some step k it passed the boundary of:
 
-- every rank keeps a copy of the state as it was before its latest update. It is taken as the
-  state after each step, at the step boundary, with the copy of the parameters and optimizer
-  state left to a background thread that runs under the next step's forward and backward pass
-  (:class:`ecrl.runtime.checkpoint.pipeline.SnapshotPipeline`, as for ``overlapped``): they change
-  only in the next update, whose optimizer step pre-hook waits for the copy and then makes it the
-  copy in force. Two sets of buffers, allocated once on the state's device, take turns: the one in
-  force stays whole while the next is being filled. A tensor written in place between the
-  boundary and the update (its version counter moved) is copied again before the update, so
-  the copy is the state as the update found it; an update that did not happen (a skipped
-  optimizer step) leaves the older copy in force. Small models (parameters under
-  :data:`_PIPELINE_MIN_BYTES`) are copied in the pre-hook instead, on the training thread;
-- the survivor saves the live state of step c when every rank of the attempt logged step c
-  ("the next step" of the seed), else the copy, which is the state after step c - 1 ("the
-  previous consistent copy"), which every rank logged before it could enter step c's all-reduce;
-- a survivor interrupted inside its own update (never by a peer's failure: only a signal can do
-  that, and :class:`JitCheckpoints` defers those to the step boundary) would use the copy too.
+- its optimizer step for c ran (it is anywhere from its boundary of c to step c + 1's
+  all-reduce): the live state is the state after c, and every rank logged c;
+- it has not (it is in step c's forward, backward or all-reduce): parameters and optimizer state
+  are still those after c - 1, which every rank logged before it could enter step c - 1's
+  all-reduce (or which the attempt resumed from).
 
-At most one step is replayed: step c, when the dead rank did not log it.
+So the rescue saves the live state as it is, with the step it belongs to: no copy of parameters
+or optimizer state is ever taken, in any step. What does change between a boundary and the next
+update is small and is kept per step: the **module buffers** (BatchNorm's running statistics and
+batch counter) move in the forward pass, so a forward pre-hook copies them once per step, as the
+next step's forward found them (:class:`_BoundaryBuffers`); the sampler's position is recomputed
+for the step saved (:class:`ecrl.GlobalBatchSampler` states are a function of the step); the RNG
+streams are those the run's RNG policy derives from the step (below).
 
-RNG streams: the survivor cannot gather the dead ranks' RNG states, so under ``jit`` every rank
-reseeds its RNG streams at each step boundary from ``(seed, rank, next step)``
-(:func:`ecrl.runtime.checkpoint.checkpointer.rank_seed`), and a JIT checkpoint carries no RNG
-states: the resumed ranks derive the same streams from the step, so a rescued run stays
-bit-identical to its uninterrupted twin.
+A survivor interrupted inside its own update (never by a peer's failure: only a signal can do
+that, and :class:`JitCheckpoints` defers those to the step boundary; or the watchdog's thread,
+when this rank itself is stuck in its update) holds neither state and saves nothing. The
+Checkpointer refuses a loop that logs a step after its update (the optimizer step pre-hook checks
+that the step's record was written): the argument above needs the record first.
+
+At most one step is replayed per failure: step c, when a rank logged c and died before its
+gradients entered c's all-reduce (the survivor then saves c - 1).
+
+RNG streams: the survivor cannot gather the dead ranks' RNG states, so the run's RNG policy
+(``per-step``, :data:`ecrl.runtime.settings.RNG_POLICY`, recorded in ``run.json`` and the same for
+every strategy) reseeds every rank's streams at each step boundary from ``(seed, rank, next
+step)`` (:func:`ecrl.runtime.checkpoint.checkpointer.rank_seed`); a JIT checkpoint carries no RNG
+states, the resumed ranks derive the same streams from the step, and a rescued run stays
+bit-identical to its uninterrupted twin under any strategy.
+
+Module buffers under DDP: at the start of each forward DDP broadcasts rank 0's buffers to every
+rank, so the state after step s holds rank 0's buffers as step s's forward left them. Every
+survivor has those from the moment step s + 1's forward started (the pre-hook runs after the
+broadcast); before that moment only rank 0 has them. A rank other than 0 interrupted in that
+gap (rank 0 died between its update of s and its broadcast of s + 1) cannot know them and saves
+nothing when the model has such buffers: the attempt then resumes from the periodic checkpoint
+(``docs/strategies.md``).
 
 ``--ckpt-every K`` adds low-frequency blocking checkpoints, the fallback when no rank survives
 (all killed at once, a node lost).
@@ -48,7 +59,6 @@ bit-identical to its uninterrupted twin.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import mmap
 import os
@@ -65,15 +75,11 @@ import torch
 from ecrl.contract import safepath
 from ecrl.contract.atomicio import atomic_write_text
 from ecrl.contract.ckptfile import FOOTER_SIZE
+from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import MAX_LINE_BYTES, CheckpointEvent, JsonlWriter, loads
 from ecrl.runtime.checkpoint import statepack
 from ecrl.runtime.checkpoint.persist import CommitResult, CrashHook, commit_checkpoint, read_latest
-from ecrl.runtime.checkpoint.pipeline import (
-    Deferred,
-    SnapshotPipeline,
-    stepping_optimizer,
-    storage_key,
-)
+from ecrl.runtime.checkpoint.pipeline import stepping_optimizer
 from ecrl.runtime.checkpoint.strategies import BlockingCheckpoints, CheckpointContext
 from ecrl.runtime.endings import JIT_CLAIM, JIT_MARKER
 
@@ -85,9 +91,10 @@ JIT_EXIT_CODE = 76
 KILL_ENV = "ECRL_JIT_KILL"
 """Test hook ``STEP:PHASE[:RANK[:ATTEMPT]]``: SIGKILL rank RANK (default 1) at ``PHASE`` of
 ``STEP`` in attempt ATTEMPT (default 0); several, comma-separated:
-``forward`` (in the model's forward), ``pre-optimizer`` (all-reduce done, update not begun),
-``post-optimizer`` (update done, record not yet logged)."""
-KILL_PHASES = ("forward", "pre-optimizer", "post-optimizer")
+``forward`` (in the model's forward, record not yet logged), ``backward`` (record logged,
+gradients not yet in the all-reduce), ``pre-optimizer`` (all-reduce done, update not begun),
+``post-optimizer`` (update done, boundary not reached)."""
+KILL_PHASES = ("forward", "backward", "pre-optimizer", "post-optimizer")
 
 
 class PeerLost(RuntimeError):
@@ -139,75 +146,6 @@ def logged_through(path: os.PathLike[str] | str, *, chunk: int = 1 << 16) -> int
         return None
 
 
-_PIPELINE_MIN_BYTES = 8 << 20
-"""Below this many bytes of parameters the copy is taken in the optimizer step pre-hook, on the
-training thread: handing it to a thread and waiting for it costs more than it takes."""
-
-
-class _CopyPlan:
-    """What one copy of the state needs: the tree of targets, and how each target is filled."""
-
-    __slots__ = ("tree", "sources", "targets", "buffers")
-
-    def __init__(self) -> None:
-        self.tree: Any = None
-        self.sources: list[torch.Tensor] = []
-        """Live tensors only an update changes (parameters, optimizer state): copied later."""
-        self.targets: list[torch.Tensor] = []
-        self.buffers: list[tuple[int, torch.Tensor]] = []
-        """(position among the live module buffers, target): filled from the boundary's set."""
-
-
-def _plan_copy(src: Any, dst: Any, plan: _CopyPlan, *, later: set[tuple[str, int]],
-               buffers: dict[int, tuple[int, torch.Tensor]]) -> Any:
-    """``src`` with every tensor replaced by a target (``dst``'s matching tensor when it fits,
-    else a new one): tensors in ``later`` (storages) are left to ``plan`` to copy, module
-    buffers (``buffers``: data pointer to position and the live buffer) to the boundary's set,
-    the rest (small: a user's tensors) copied now. Containers are new, other leaves
-    immutable."""
-    if isinstance(src, torch.Tensor):
-        value = src.detach()
-        if isinstance(dst, torch.Tensor) and dst.shape == value.shape and \
-                dst.dtype == value.dtype and dst.device == value.device:
-            target = dst
-        else:
-            target = torch.empty_like(value)
-        found = buffers.get(value.data_ptr()) if value.numel() else None
-        if found is not None and found[1].shape == value.shape and \
-                found[1].dtype == value.dtype:
-            plan.buffers.append((found[0], target))
-        elif value.numel() and storage_key(value) in later:
-            plan.sources.append(value)
-            plan.targets.append(target)
-        else:
-            target.copy_(value)
-        return target
-    if isinstance(src, dict):
-        old = dst if isinstance(dst, dict) else {}
-        return {k: _plan_copy(v, old.get(k), plan, later=later, buffers=buffers)
-                for k, v in src.items()}
-    if isinstance(src, list):
-        old_list = dst if isinstance(dst, list) and len(dst) == len(src) else [None] * len(src)
-        return [_plan_copy(v, o, plan, later=later, buffers=buffers)
-                for v, o in zip(src, old_list, strict=True)]
-    if isinstance(src, tuple):
-        old_tuple = dst if isinstance(dst, tuple) and len(dst) == len(src) else (None,) * len(src)
-        return tuple(_plan_copy(v, o, plan, later=later, buffers=buffers)
-                     for v, o in zip(src, old_tuple, strict=True))
-    return src  # numbers, strings, None: immutable
-
-
-def _copy_into(src: Any, dst: Any) -> Any:
-    """``src`` with every tensor copied now (into ``dst``'s matching tensor when it fits)."""
-    return _plan_copy(src, dst, _CopyPlan(), later=set(), buffers={})
-
-
-def _copy_later(plan: _CopyPlan) -> None:
-    """The background part of a copy (the pipeline's thread)."""
-    if plan.targets:
-        torch._foreach_copy_(plan.targets, plan.sources)
-
-
 def _with_buffers(tree: Any, where: dict[int, int], copies: list[torch.Tensor]) -> Any:
     """``tree`` with every tensor that is a live module buffer (``where``: its storage address
     to its position) replaced by ``copies[position]``."""
@@ -228,16 +166,16 @@ class _BoundaryBuffers:
     each of the last two steps.
 
     Buffers change in the *forward* pass, not in the update: by the time a survivor rescues, its
-    forward of the next step has already moved them (and the copy taken before step c's update
-    holds step c's forward). A checkpoint of "the state after step s" takes the buffers that
-    step s + 1's forward *started* from instead, or a resumed run would apply a replayed step's
-    batch to them twice and end with other running statistics than its uninterrupted twin.
+    forward of the next step has already moved them. A checkpoint of "the state after step s"
+    takes the buffers that step s + 1's forward *started* from instead, or a resumed run would
+    apply a replayed step's batch to them twice and end with other running statistics than its
+    uninterrupted twin.
 
     They are taken by a forward pre-hook on the unwrapped module, the first forward after each
     boundary: under DDP (``broadcast_buffers``) that is after DDP copied rank 0's buffers into
     every rank, so any survivor holds the buffers a checkpoint of rank 0 would hold. Before that
     forward only rank 0's own buffers are those (another rank's were moved by its own batch), so
-    another rank then saves the state after the step before (:meth:`JitCheckpoints._choose`).
+    another rank then cannot save (:meth:`JitCheckpoints._choose`).
     """
 
     def __init__(self, modules: Iterable[torch.nn.Module]) -> None:
@@ -304,19 +242,12 @@ class _KillHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+
 class JitCheckpoints(BlockingCheckpoints):
     """Periodic blocking checkpoints every ``--ckpt-every`` steps (0: none), plus the rescue."""
 
     def __init__(self, ctx: CheckpointContext) -> None:
         super().__init__(ctx)
-        self._held: tuple[int | None, Any] = (None, None)
-        """(step, state) of the copy in force: the state after ``step``, whole (read at once by
-        a rescue, which may run on the watchdog's thread)."""
-        self._spare: Any = None
-        """The other set of copy buffers (filled in the background while ``_held`` stays)."""
-        self._pipeline: SnapshotPipeline | None = None
-        self._buffer_at: dict[int, tuple[int, torch.Tensor]] = {}
-        self._for_update = False
         self._completed: int | None = None
         """The last step whose boundary this rank passed."""
         self._first: int | None = None
@@ -327,7 +258,8 @@ class JitCheckpoints(BlockingCheckpoints):
         self._term_pending = False
         self._rescuing = threading.Lock()
         self._result: RescueResult | None = None
-        self._reseed: Callable[[int], None] | None = None
+        self._position: Callable[[int], dict[str, Any]] = lambda step: {}
+        self._logged: Callable[[], int | None] | None = None
         self._kill = _KillHook(os.environ.get(KILL_ENV), ctx.rank, ctx.attempt)
         self._handles: list[Any] = []
         self._previous_term: Any = None
@@ -336,11 +268,19 @@ class JitCheckpoints(BlockingCheckpoints):
     # --- wiring (the checkpointer calls these) ---------------------------------------------------
 
     def attach(self, *, start: int, optimizers: Iterable[torch.optim.Optimizer],
-               modules: Iterable[torch.nn.Module], reseed: Callable[[int], None]) -> None:
-        """Hook the optimizers (the copy in force before each update), the modules (their
-        buffers at each boundary) and torchrun's SIGTERM; start copying the restored state."""
+               modules: Iterable[torch.nn.Module],
+               position: Callable[[int], dict[str, Any]] | None = None,
+               logged: Callable[[], int | None] | None = None) -> None:
+        """Hook the optimizers (the update's start), the modules (their buffers once per step)
+        and torchrun's SIGTERM.
+
+        ``position(step)``: the entries of the state tree that follow the step rather than live
+        objects (the samplers' states after ``step``). ``logged()``: the last step this rank
+        logged (None: none yet); without it the order of record and update is not checked."""
         self._first = start
-        self._reseed = reseed
+        if position is not None:
+            self._position = position
+        self._logged = logged
         modules = list(modules)
         self._buffers = _BoundaryBuffers(modules)
         self._buffers.take(start - 1)  # as restored (or initialised): the state after start - 1
@@ -355,61 +295,10 @@ class JitCheckpoints(BlockingCheckpoints):
             for module in modules:
                 self._handles.append(module.register_forward_pre_hook(
                     lambda *_: self._kill.fire(self._next_step(), "forward")))
+                self._handles.append(module.register_full_backward_pre_hook(
+                    lambda *_: self._kill.fire(self._next_step(), "backward")))
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
-        self._buffer_at = {b.data_ptr(): (i, b) for i, b in enumerate(self._buffers.live)}
-        optimizers = list(optimizers)
-        params = sum(p.numel() * p.element_size() for o in optimizers
-                     for group in o.param_groups for p in group["params"])
-        if optimizers and params >= _PIPELINE_MIN_BYTES:
-            self._pipeline = SnapshotPipeline(optimizers, on_ready=self._copy_ready,
-                                              on_torn=self._copy_torn)
-            self._start_copy(start - 1)  # as restored (or initialised)
-
-    @property
-    def _shadow(self) -> Any:
-        return self._held[1]
-
-    @property
-    def _shadow_step(self) -> int | None:
-        return self._held[0]
-
-    def _start_copy(self, step: int) -> None:
-        """Copy the state after ``step`` (now, at its boundary): containers and small tensors
-        here, parameters and optimizer state on the pipeline's thread under the next step."""
-        pipeline = self._pipeline
-        if pipeline is None or self._rescuing.locked():
-            return
-        pipeline.settle()  # a copy no update took (a skipped optimizer step) is settled first
-        plan = _CopyPlan()
-        plan.tree = _plan_copy(self.ctx.capture([]), self._spare, plan,
-                               later=pipeline.storages(), buffers=self._buffer_at)
-        self._spare = None  # filled from now on: never handed out again until it is in force
-        pipeline.start(step, plan.sources, functools.partial(_copy_later, plan),
-                       context={"plan": plan})
-
-    def _copy_ready(self, deferred: Deferred, wait_s: float) -> None:
-        """The background copy of the state after ``deferred.step`` is complete and exact: it
-        becomes the copy in force (training thread)."""
-        plan: _CopyPlan = deferred.context["plan"]
-        copies = self._buffers.copies(deferred.step)
-        for at, target in plan.buffers:
-            target.copy_(copies[at])
-        previous = self._held[1]
-        self._held = (deferred.step, plan.tree)
-        self._spare = previous
-
-    def _copy_torn(self, deferred: Deferred, changed: list[int]) -> None:
-        """A tensor was written in place after the boundary. Before the update: copied again,
-        the copy is then the state the update starts from. At a boundary (no update took it):
-        dropped, the older copy stays in force."""
-        plan: _CopyPlan = deferred.context["plan"]
-        if not self._for_update:
-            self._spare = plan.tree
-            return
-        for index in changed:
-            plan.targets[index].copy_(plan.sources[index])
-        self._copy_ready(deferred, 0.0)
 
     def _next_step(self) -> int:
         return self._first if self._completed is None else self._completed + 1  # type: ignore
@@ -421,23 +310,15 @@ class JitCheckpoints(BlockingCheckpoints):
 
     def _before_update(self, *_: Any) -> None:
         if self._in_update:
-            return  # a second optimizer of the same step: the copy is already taken
-        self._kill.fire(self._next_step(), "pre-optimizer")
-        step = self._next_step() - 1
-        if self._pipeline is not None:
-            self._for_update = True
-            try:
-                self._pipeline.settle()  # the copy of the state after `step`: now in force
-            finally:
-                self._for_update = False
-        if self._held[0] != step:
-            # No background copy of that state (dropped, or no optimizer in the pipeline):
-            # taken now. The forward of step + 1 has moved the buffers: theirs are the
-            # boundary's.
-            spare = self._spare
-            self._spare = None
-            tree = _copy_into(self._buffers.state_after(self.ctx.capture([]), step), spare)
-            self._spare, self._held = self._held[1], (step, tree)
+            return  # a second optimizer of the same step
+        step = self._next_step()
+        if self._logged is not None and self._logged() != step:
+            raise ConfigError(
+                f"--strategy jit: step {step}'s update began before this rank logged the step: "
+                "call log.step(...) after the forward pass and before loss.backward() "
+                "(docs/library.md), so that a rescue can prove which step a survivor's state "
+                "belongs to")
+        self._kill.fire(step, "pre-optimizer")
         self._in_update = self._defer = True
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
@@ -449,13 +330,10 @@ class JitCheckpoints(BlockingCheckpoints):
         raise PeerLost(_PEER_EXITED)
 
     def step_completed(self, step: int) -> None:
-        """The boundary of ``step`` (its update and record are done)."""
+        """The boundary of ``step`` (its update is done)."""
         self._completed = step
         self._in_update = False
         self._defer = True
-        if self._reseed is not None:
-            self._reseed(step + 1)
-        self._start_copy(step)
 
     def boundary_done(self) -> None:
         self._defer = False
@@ -464,10 +342,6 @@ class JitCheckpoints(BlockingCheckpoints):
             raise PeerLost(_PEER_EXITED)
 
     def close(self) -> None:
-        if self._pipeline is not None:
-            self._for_update = False
-            self._pipeline.close()
-            self._pipeline = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -490,17 +364,23 @@ class JitCheckpoints(BlockingCheckpoints):
         return True
 
     def _choose(self) -> tuple[Any, int | None, str | None, str | None]:
-        """(state tree, step, source, why not) of the state to save."""
-        live = None if self._in_update else self._completed
-        if live is not None and self._all_logged(live) and (
-                self._buffers.known(live) or self.ctx.rank == 0):
-            return self._buffers.state_after(self.ctx.capture([]), live), live, "live", None
-        shadow, held = self._held
-        if shadow is not None and held is not None and self._all_logged(shadow):
-            return held, shadow, "previous", None
-        if live is None and shadow is None:
+        """(state tree, step, source, why not) of the state to save: the live state, as of the
+        last step whose boundary this rank passed."""
+        if self._in_update:
+            return None, None, None, "this rank was inside its optimizer step"
+        live = self._completed
+        if live is None:
             return None, None, None, "no step completed in this attempt"
-        return None, None, None, "no state whose step every rank logged"
+        if not self._buffers.known(live) and self.ctx.rank != 0:
+            return None, None, None, (
+                f"rank 0's module buffers after step {live} never reached this rank (step "
+                f"{live + 1}'s forward had not broadcast them)")
+        if not self._all_logged(live):
+            return None, None, None, f"step {live} is missing from a rank's log"
+        tree = self._buffers.state_after(self.ctx.capture([]), live)
+        if isinstance(tree, dict):
+            tree = {**tree, **self._position(live)}
+        return tree, live, "live", None
 
     def rescue(self, reason: str) -> RescueResult:
         """Save the newest state every rank's log accounts for, without any collective."""

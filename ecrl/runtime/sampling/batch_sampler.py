@@ -247,7 +247,11 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, Any]:
         """The next step's position: ``{epoch, cursor_step, seed, geometry, permutation}``."""
-        return semantics.SamplerState.at_step(self.geometry, self.seed, self._next).to_dict()
+        return self.state_at(self._next)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The state of the position ``step`` (the state after step ``step - 1``)."""
+        return semantics.SamplerState.at_step(self.geometry, self.seed, step).to_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from a saved position; its data set size, global batch and seed must be

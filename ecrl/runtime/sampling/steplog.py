@@ -1,18 +1,24 @@
 """``ecrl.StepLog``: the run directory's step records, written from any training loop.
 
-One call per step, after the step's update (``log.step(step, sample_ids=ids, loss=loss)``),
-appends this rank's record to ``logs/attempt-NNN/rank-NNN.jsonl`` (the contract's field names,
-:class:`ecrl.contract.runformat.StepRecord`) and flushes it. The first call (or
-:meth:`ecrl.Checkpointer.restore`) settles ``run.json``: rank 0 writes it when it is absent; when
-it exists (a later attempt, or ``ecrl run``'s supervisor wrote it) every rank checks that it
-describes this run and stops with one line if not.
+One call per step, after the forward pass and before ``loss.backward()``
+(``log.step(step, sample_ids=ids, loss=loss)``), appends this rank's record to
+``logs/attempt-NNN/rank-NNN.jsonl`` (the contract's field names,
+:class:`ecrl.contract.runformat.StepRecord`) and flushes it. A record says "this rank consumed
+these samples in this step"; whether the step was committed comes from checkpoints. Written
+before the rank's gradients can enter the step's all-reduce, it is on disk at every rank once any
+rank completed that all-reduce: ``jit`` relies on it (and checks the order: docs/library.md).
+
+The first call (or :meth:`ecrl.Checkpointer.restore`) settles ``run.json``: rank 0 writes it when
+it is absent; when it exists (a later attempt, or ``ecrl run``'s supervisor wrote it) every rank
+checks that it describes this run and stops with one line if not.
 
 Two kinds of sampler:
 
 - ``sampler=ecrl.GlobalBatchSampler(...)``: ECRL's order; ``run.json`` says ``{"kind": "ecrl"}``
   and the verifier checks every step's window. Each logged step's IDs are compared with the shard
   the sampler scheduled for that step (a mismatch is a loop bug: the batch and the step number
-  disagree), and the sampler learns that the step completed (its checkpointed position).
+  disagree), and the sampler learns that the step is done (its checkpointed position; a ``jit``
+  rescue of an earlier step recomputes the position of the step it saves).
 - ``sampler={"kind": "external", "name": "torch.utils.data.DistributedSampler", ...}``: an order
   ECRL does not know (the user's ``DistributedSampler``, ``StatefulDataLoader``, Mosaic
   Streaming…); give ``dataset_size``, ``global_batch`` and, per step, ``epoch`` and
@@ -279,7 +285,8 @@ class StepLog:
              cursor_step: int | None = None, **extra: Any) -> None:
         """Record global step ``step`` of this rank: the IDs its batch carried and its loss.
 
-        Call it once per step, after the update. ``epoch``/``cursor_step``: required with an
+        Call it once per step, after the forward pass and before ``loss.backward()`` (before
+        the step's gradients can enter the all-reduce). ``epoch``/``cursor_step``: required with an
         external sampler (from your loop), computed for ECRL's. Extra keyword arguments are
         recorded as additional fields.
         """
@@ -337,6 +344,11 @@ class StepLog:
         self._last = step
         if self.sampler is not None:
             self.sampler.step_done(step)
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step this rank logged in this attempt (None: none yet)."""
+        return self._last
 
     def close(self) -> None:
         """Close the log. Once it logged the run's last step, the attempt is recorded as

@@ -4,19 +4,23 @@ one per rank.
 Each step follows the timeline of seed ``000_…`` §4.6, in this order:
 
 1. this rank's shard of the step's global window (:class:`ecrl.GlobalBatchSampler`);
-2. forward, backward (DDP all-reduces the gradients), optimizer and scheduler update;
+2. forward (the loss);
 3. append the step record to ``logs/attempt-NNN/rank-NNN.jsonl`` and flush it
-   (:class:`ecrl.StepLog`);
-4. the checkpoint boundary, if one is due, then failure injection, if one is due
-   (:meth:`ecrl.Checkpointer.after_step`).
+   (:class:`ecrl.StepLog`) — before the backward pass, so before this rank's gradients can enter
+   the step's all-reduce: a rank that completed that all-reduce knows every rank logged the
+   step, which is what lets ``jit`` save a survivor's live state without a per-step copy;
+4. backward (DDP all-reduces the gradients), optimizer and scheduler update;
+5. the step boundary: the RNG streams of the next step, the checkpoint if one is due, then
+   failure injection if one is due (:meth:`ecrl.Checkpointer.after_step`).
 
 It uses only the public library API, as a user's own script does (``docs/library.md``).
 
 Determinism: a fixed seed and world size give bit-identical parameters and losses whether or not
 the run was interrupted, because every input of a step is restored or recomputed exactly: the
 data of a sample is a function of its ID, the shard of a step is a function of the step, the
-model, optimizer, scheduler and sampler come from the checkpoint, so do every rank's RNG states
-(Python, NumPy, torch CPU and CUDA), algorithms are deterministic and the thread count is fixed.
+model, optimizer, scheduler and sampler come from the checkpoint, every rank's RNG streams are
+derived from (seed, rank, step) at each step boundary (the run's RNG policy, whatever the
+strategy), algorithms are deterministic and the thread count is fixed.
 
 Run-level settings come from ``run.json`` (written by the supervisor); per-attempt ones (attempt
 number, checkpoint to resume from, failures still to inject) from the ``ECRL_*`` environment
@@ -36,6 +40,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -132,17 +137,23 @@ class Trainer:
                             checkpoint=self.config.checkpoint)  # the run's: flags or defaults
         start = ckpt.restore()
         ddp.train()
+        previous: float | None = None  # when this rank's previous record was written
         with ckpt:  # jit: an exception a dead peer causes reaches the checkpointer's rescue
             for step, ids in zip(range(start, self.target), sampler, strict=True):
-                t0 = time.perf_counter()
                 x, y = dataset.batch(np.asarray(ids, dtype=np.int64))
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(ddp(x), y)
+                # The record before the backward pass: before these gradients can enter the
+                # all-reduce. step_s is record to record (one whole step); the first record of
+                # an attempt has none.
+                now = time.perf_counter()
+                extra: dict[str, Any] = {} if previous is None else {"step_s": now - previous}
+                previous = now
+                log.step(step, sample_ids=ids, loss=loss, **extra)
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
-                log.step(step, sample_ids=ids, loss=loss, step_s=time.perf_counter() - t0)
                 ckpt.after_step(step)
         log.close()
         if self.rank == 0:
