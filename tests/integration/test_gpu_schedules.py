@@ -47,12 +47,11 @@ def schedules(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return sizes, steps, rank
 
 
-def _reference(runs: RunCache, strategy: str, world: int) -> Run:
-    """The uninterrupted twin of a fixed-world-size run. jit is its own reference as long as it
-    reseeds the RNG at every step (docs/strategies.md); every other strategy trains as ``none``."""
-    twin = "jit" if strategy == "jit" else "none"
-    return _made(runs.get(f"gpu-reference-{twin}-w{world}",
-                          [*TINY, "--world-sizes", str(world), "--strategy", twin,
+def _reference(runs: RunCache, world: int) -> Run:
+    """The uninterrupted twin of a fixed-world-size run: every strategy trains on the same
+    trajectory (one RNG policy for all, docs/semantics.md "Random streams")."""
+    return _made(runs.get(f"gpu-reference-w{world}",
+                          [*TINY, "--world-sizes", str(world), "--strategy", "none",
                            "--ckpt-every", "0", "--log-ids"]))
 
 
@@ -75,7 +74,7 @@ def test_drawn_failure_schedules_resume_exactly_on_cuda(
     ours = load_run(out)
     check_exactly_once(ours)
     if len(set(sizes)) == 1:
-        twin = load_run(_reference(runs, strategy, sizes[0]).root)
+        twin = load_run(_reference(runs, sizes[0]).root)
         assert ours.final_digest() == twin.final_digest(), schedule
         assert ours.losses(committed_only=False) == twin.losses(), schedule
 
@@ -83,7 +82,7 @@ def test_drawn_failure_schedules_resume_exactly_on_cuda(
 def test_world_size_two_on_one_gpu_shares_it_over_gloo(runs: RunCache) -> None:
     import torch
 
-    run = _reference(runs, "none", 2)
+    run = _reference(runs, 2)
     log = (run.root / "logs" / "attempt-000" / "torchrun.log").read_text()
     expected = "nccl" if torch.cuda.device_count() >= 2 else "gloo, shared with other ranks"
     assert f"ranks train on cuda:0 over {expected}" in log, log[-2000:]
@@ -92,7 +91,7 @@ def test_world_size_two_on_one_gpu_shares_it_over_gloo(runs: RunCache) -> None:
 def test_a_resumed_cuda_run_with_dropout_is_bit_identical(runs: RunCache, tmp_path: Path) -> None:
     # The CUDA RNG is what the tiny CNN's dropout draws from on the device: a resume that did not
     # restore it exactly would change every step after the failure.
-    twin = load_run(_reference(runs, "none", 1).root)
+    twin = load_run(_reference(runs, 1).root)
     out = tmp_path / "run"
     done = ecrl("run", "--out", str(out), *TINY, "--world-sizes", "1", "--strategy", "blocking",
                 "--fail-at", "13", "--log-ids")
