@@ -193,12 +193,17 @@ class Forwarding(torch.optim.Optimizer):
 
 
 def _train(run: Path, *, steps: int, every: int, stop_after: int | None = None, seed: int = 0,
-           workers: int = 0, strategy: str | None = "blocking", wrap: bool = False
+           workers: int = 0, strategy: str | None = "blocking", wrap: bool | str = False
            ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """A small standalone loop; returns the losses it logged and the final weights
-    (``strategy`` None: the default one; ``wrap``: the optimizer inside :class:`Forwarding`)."""
+    (``strategy`` None: the default one; ``wrap``: the optimizer inside :class:`Forwarding`, or
+    ``"accelerate"``: inside Accelerate's own ``AcceleratedOptimizer``)."""
     model, opt = _model()
-    if wrap:
+    if wrap == "accelerate":
+        from accelerate import Accelerator
+
+        opt = Accelerator(cpu=True).prepare_optimizer(opt)
+    elif wrap:
         opt = Forwarding(opt)
     sampler = ecrl.GlobalBatchSampler(64, 8, seed=seed, steps=steps)
     loader = DataLoader(ecrl.WithSampleIds(Squares(64)), batch_sampler=sampler,
@@ -242,17 +247,18 @@ def test_standalone_resume_is_bit_identical_and_logs_the_ids_that_reached_the_st
         assert r["sample_ids"] == semantics.shard(geometry, 0, r["global_step"], 0, 1).tolist()
 
 
+@pytest.mark.parametrize("wrap", [True, "accelerate"], ids=["forwarding", "accelerate"])
 @pytest.mark.parametrize("strategy", [None, "jit"])
 def test_a_wrapped_optimizer_checkpoints_and_resumes_bit_identically(
-        tmp_path: Path, strategy: str | None) -> None:
+        tmp_path: Path, strategy: str | None, wrap: bool | str) -> None:
     """Accelerate's and the transformers Trainer's optimizer wrapper crashed the default
     strategy, which hooks the optimizer's step (issue 25, item 4): the hooks go to the
     optimizer it wraps."""
-    whole, final = _train(tmp_path / "whole", steps=12, every=4, strategy=strategy, wrap=True)
+    whole, final = _train(tmp_path / "whole", steps=12, every=4, strategy=strategy, wrap=wrap)
     first, _ = _train(tmp_path / "cut", steps=12, every=4, stop_after=9, strategy=strategy,
-                      wrap=True)
+                      wrap=wrap)
     _attempt._CACHE.clear()
-    rest, resumed = _train(tmp_path / "cut", steps=12, every=4, strategy=strategy, wrap=True)
+    rest, resumed = _train(tmp_path / "cut", steps=12, every=4, strategy=strategy, wrap=wrap)
     assert first[:8] + rest == whole
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
