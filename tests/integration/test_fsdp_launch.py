@@ -79,45 +79,42 @@ def test_the_checkpoint_holds_the_whole_model_not_a_shard(fsdp_run: Run) -> None
     assert tuple(saved["optimizer"]["state"]["0.weight"]["exp_avg"].shape) == (64, 16)
 
 
+JIT_REFUSED = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import ecrl
+from ecrl.contract.errors import ConfigError
+
+dist.init_process_group("gloo", rank=0, world_size=1)
+try:
+    model = torch.nn.Linear(4, 2)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    try:
+        ecrl.Checkpointer({"model": model}, run_dir=sys.argv[1], strategy="jit")
+    except ConfigError as exc:
+        print(exc)
+finally:
+    dist.destroy_process_group()
+"""
+
+
 def test_jit_is_refused_in_one_line_for_a_sharded_model(tmp_path: Path) -> None:
     import os
     import socket
-
-    import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ECRL_")}
-    os.environ.clear()
-    os.environ.update(env)
-    mp.start_processes(_jit_refused, args=(port, str(tmp_path)), nprocs=1, start_method="spawn")
-    message = (tmp_path / "message.txt").read_text()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    done = subprocess.run([sys.executable, "-c", JIT_REFUSED, str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
     assert "no rank holds a full replica to rescue from" in message and "\n" not in message
-
-
-def _jit_refused(rank: int, port: int, out: str) -> None:
-    import os
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    import ecrl
-    from ecrl.contract.errors import ConfigError
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        model = torch.nn.Linear(4, 2)
-        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-        try:
-            ecrl.Checkpointer({"model": model}, run_dir=Path(out) / "run", strategy="jit")
-        except ConfigError as exc:
-            Path(out, "message.txt").write_text(str(exc))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
