@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from verifier_helpers import run_specs
+from verifier_helpers import RICH, run_specs
 
 from verifier import render_json, render_junit, render_text, verify
 from verifier._mutations import CATALOGUE, apply
@@ -48,21 +48,7 @@ def test_every_fixture_run_gets_the_same_report(case: str, submit: Submit) -> No
     assert_same(FIXTURES / case, submit)
 
 
-# A failed attempt with a torn line, an ID-logging, a hash-only and a mesh run, three attempts
-# each: every mutation of the catalogue applies to one of them (as in test_verify_properties).
-RICH = [
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
-            fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
-            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5,
-            digests=True),
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
-            ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),
-    # A mesh run: DP 2 x TP 2, then DP 1 x TP 2, then DP 4 x TP 1 (the mesh kinds apply).
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(4, 2, 4),
-            tp_sizes=(2, 2, 1), fail_at=(12, 27), ckpt_every=5, strategy="blocking",
-            log_ids=True, chaos=7),
-]
+# Runs on which every mutation of the catalogue applies (verifier_helpers.RICH).
 
 
 @pytest.fixture(scope="module")

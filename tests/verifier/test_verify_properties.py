@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from verifier_helpers import run_specs
+from verifier_helpers import RICH, run_specs
 
 from verifier import render_text, verify_run
 from verifier._mutations import CATALOGUE, apply, judge
@@ -68,23 +68,6 @@ def test_every_mutation_gets_its_verdict(spec: RunSpec, mutation: object, seed: 
         note(f"{outcome}\n{render_text(result)}")
         assert judge(outcome, result.verdict, list(result.anomaly_counts)), (
             f"{outcome}\n{render_text(result)}")
-
-
-# Runs on which every mutation of the catalogue applies, so each is exercised in every test run.
-RICH = [
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
-            fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
-            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5,
-            digests=True),
-    # Stopped mid-step after step 33 (the last durable checkpoint is step 29): tentative records.
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
-            ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),
-    # A mesh run: DP 2 x TP 2, then DP 1 x TP 2, then DP 4 x TP 1 (the mesh kinds apply).
-    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(4, 2, 4),
-            tp_sizes=(2, 2, 1), fail_at=(12, 27), ckpt_every=5, strategy="blocking",
-            log_ids=True, chaos=7),
-]
 
 
 @pytest.fixture(scope="module")

@@ -62,3 +62,20 @@ def run_specs(draw: st.DrawFn, *, log_ids: bool | None = None, max_steps: int = 
         log_ids=draw(st.booleans()) if log_ids is None else log_ids,
         chaos=draw(st.integers(0, 2**32)), lag=draw(st.booleans()), torn=draw(st.booleans()),
         stop_at=stop, end=draw(st.sampled_from(["stopped", "running", "failed"])))
+
+
+# Runs on which every mutation of the catalogue applies, so each is exercised in every test run.
+RICH = [
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 1, 4),
+            fail_at=(12, 27), ckpt_every=5, strategy="overlapped", log_ids=True, chaos=3),
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4, 1),
+            fail_at=(13, 26), ckpt_every=4, strategy="blocking", log_ids=False, chaos=5,
+            digests=True),
+    # Stopped mid-step after step 33 (the last durable checkpoint is step 29): tentative records.
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(2, 4), fail_at=(12,),
+            ckpt_every=5, strategy="blocking", log_ids=True, chaos=1, stop_at=33),
+    # A mesh run: DP 2 x TP 2, then DP 1 x TP 2, then DP 4 x TP 1 (the mesh kinds apply).
+    RunSpec(dataset_size=50, global_batch=4, target_steps=40, world_sizes=(4, 2, 4),
+            tp_sizes=(2, 2, 1), fail_at=(12, 27), ckpt_every=5, strategy="blocking",
+            log_ids=True, chaos=7),
+]
