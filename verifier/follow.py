@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ecrl.contract.runformat import RunPaths, is_run_dir
+from ecrl.contract.runformat import MAX_RECORD_BYTES, RunPaths, is_run_dir, read_small_file
 from verifier._parallel import Submit
 from verifier.anomalies import Anomaly
 from verifier.check import verify_run, workers
@@ -63,21 +63,28 @@ class FollowState:
     """``time.time()`` when the verification started (a record flushed before was read)."""
 
 
+def _field(path: Path, root: Path, key: str) -> object:
+    """``key`` of the JSON object in ``path``, read as the verifier reads any file of a run
+    directory (a regular file, no link followed, no FIFO waited on), or None. A run directory
+    someone else can write must not make ``--follow`` hang or read outside it."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return json.loads(read_small_file(path, limit=MAX_RECORD_BYTES, root=root)).get(key)
+    return None
+
+
 def _status(root: Path) -> str | None:
     """``supervisor.json``'s status; for a run no supervisor watches (launched without ``ecrl
     launch``), ``completed`` once its newest attempt recorded that it completed the run
     (``attempt.json``: written after that attempt's rank 0 logged the last step, by which time
     every rank had flushed its records of it), else None."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        status = json.loads((root / "supervisor.json").read_bytes()).get("status")
+    supervisor = root / "supervisor.json"
+    if os.path.lexists(supervisor):
+        status = _field(supervisor, root, "status")
         return status if isinstance(status, str) else None
-    if (root / "supervisor.json").exists():
-        return None
     attempts = RunPaths.of(root).attempts()
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        record = RunPaths.of(root).attempt_record(attempts[-1]) if attempts else None
-        if record is not None and json.loads(record.read_bytes()).get("status") == "completed":
-            return "completed"
+    if attempts and _field(RunPaths.of(root).attempt_record(attempts[-1]), root,
+                           "status") == "completed":
+        return "completed"
     return None
 
 

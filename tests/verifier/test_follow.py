@@ -140,3 +140,28 @@ def test_follow_command_line(live: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "verifier.cli", "--follow", str(live),
                           "--self-test"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--follow verifies one run" in bad.stderr
+
+
+def test_a_fifo_or_a_link_in_place_of_the_status_files_neither_hangs_nor_is_followed(
+        tmp_path: Path) -> None:
+    """Someone who can write the run directory plants a FIFO as supervisor.json (a plain read
+    waits on it for ever) or a link to a status file elsewhere: --follow reads neither."""
+    import os
+    import threading
+
+    from verifier.follow import _status
+
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"status": "completed"}')
+    fifo_run, link_run = tmp_path / "fifo", tmp_path / "link"
+    fifo_run.mkdir()
+    os.mkfifo(fifo_run / "supervisor.json")
+    link_run.mkdir()
+    (link_run / "supervisor.json").symlink_to(outside)
+    found: dict[str, object] = {}
+    reader = threading.Thread(target=lambda: found.update(
+        fifo=_status(fifo_run), link=_status(link_run)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "--follow hung on a FIFO in the run directory"
+    assert found == {"fifo": None, "link": None}
