@@ -21,6 +21,7 @@ position in Accelerate's checkpoint: the resume continues at the next step's win
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def latest(folder: Path) -> tuple[Path, int] | None:
     return path, steps
 
 
-def main() -> None:
+def main() -> Accelerator:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--exact", action="store_true", help="ECRL's sampler (else Accelerate's)")
@@ -130,8 +131,15 @@ def main() -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(accelerator.unwrap_model(model).state_dict(), Path(args.out) / "final.pt")
-    accelerator.end_training()
+    accelerator.free_memory()  # accelerate's own references to the DDP model and optimizer
+    return accelerator
 
 
 if __name__ == "__main__":
-    main()
+    accelerator = main()
+    # The DDP model holds the process group: with gloo, a group torn down while the model (or a
+    # peer) still uses it sometimes aborts a rank at exit ("terminate called without an active
+    # exception", exit -6). So the model goes first, then both ranks leave together.
+    gc.collect()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
