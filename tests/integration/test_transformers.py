@@ -1,0 +1,142 @@
+"""The transformers ``Trainer`` under plain ``torchrun`` (2 CPU ranks, gloo), with
+``ECRLCallback(...).attach(trainer)`` (docs/examples/transformers_train.py, docs/library.md
+"transformers Trainer").
+
+32 samples, global batch 8 (4 steps per epoch), 12 steps, checkpoints every 2 steps; every rank
+exits 137 after step 6 (the resume starts after step 5: epoch 1, cursor 2, in the middle of an
+epoch) and again after step 8 (the resume starts after step 7: at the end of epoch 1).
+
+- Audit mode, the Trainer's own sampler and its documented resume (``resume_from_checkpoint=
+  True``): ``ecrl-verify`` PASSes the run (audit: windows not checked), and ``--same-order``
+  against an uninterrupted run (on one rank, which draws the same global windows) finds the
+  same window at every step: transformers 5.24 with Accelerate 1.15 gets both resumes right.
+- Exact mode, ECRL's windows as the Trainer's sampler: the same two failures, the second
+  resume at world size 1: PASS with every window checked; the checkpoint written after the
+  first resume at world size 2 is bit-identical to the uninterrupted run's, and the Trainer's
+  own ``global_step`` and epoch are ECRL's.
+
+The runs are made once per module, two chains at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from conftest import RUN_TIMEOUT_S
+from safetensors.torch import load_file
+
+from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
+from verifier import render_text, verify, verify_run
+
+pytestmark = pytest.mark.torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "docs" / "examples" / "transformers_train.py"
+STEPS = 12  # 32 samples, global batch 8: 4 steps per epoch, 3 epochs
+FAILS = (6, 8)  # checkpoints every 2 steps: resumes after step 5 (mid-epoch), 7 (epoch's end)
+
+
+def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={processes}", str(SCRIPT), "--out", str(out),
+                           "--steps", str(STEPS), *args],
+                          capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+
+
+def _ok(done: subprocess.CompletedProcess[str], killed: bool = False) -> None:
+    # torchrun reports a rank killed by os._exit(137) as its own exit 1.
+    assert (done.returncode != 0) == killed, done.stderr[-3000:]
+    if killed:
+        assert "exitcode  : 137" in done.stderr, done.stderr[-3000:]
+
+
+def _chain(run: Path, *args: str) -> None:
+    """Killed after step 6 and after step 8 at 2 ranks, finished (exact: at 1 rank)."""
+    _ok(_launch(run, *args, "--fail-at", str(FAILS[0])), killed=True)
+    _ok(_launch(run, *args, "--fail-at", str(FAILS[1])), killed=True)
+    _ok(_launch(run, *args, processes=1 if args else 2))
+
+
+def _audit(base: Path) -> None:
+    _chain(base / "audit")
+    # Uninterrupted, on one rank: its global windows are those of 2 ranks (the Trainer's
+    # sampler draws one order of the data set, and Accelerate deals its batches out in turn).
+    _ok(_launch(base / "audit-reference", processes=1))
+
+
+def _exact(base: Path) -> None:
+    _chain(base / "exact", "--exact")
+    _ok(_launch(base / "exact-reference", "--exact"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("transformers")
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(_audit, base), pool.submit(_exact, base)]:
+            future.result()
+    return base
+
+
+def _resumed_from(run: Path) -> list[int | None]:
+    return [read_json_record(RunPaths.of(run).attempt_record(k), AttemptRecord).resumed_from_step
+            for k in range(3)]
+
+
+def test_trainers_own_resumes_pass_the_audit(runs: Path) -> None:
+    run = runs / "audit"
+    # The attempts name the Trainer's checkpoints they resumed from: in the middle of epoch 1
+    # (after step 5), then at its end (after step 7), each with its trainer_state.json's digest.
+    assert _resumed_from(run) == [None, FAILS[0] - 1, FAILS[1] - 1]
+    last = read_json_record(RunPaths.of(run).attempt_record(2), AttemptRecord)
+    assert (last.resumed_from_checksum or "").startswith("sha256:")
+    assert last.status == "completed"
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert not result.windows_checked and result.checked["committed_steps"] == STEPS
+    assert result.metrics.restarts == 2 and result.metrics.replayed_steps == 2
+    # The audit does not see order: the uninterrupted run does, step by step.
+    compared = verify(run, same_order=runs / "audit-reference").runs[0]
+    assert compared.verdict == "PASS", render_text(compared)
+    assert compared.same_order is not None
+    assert compared.same_order.steps_compared == STEPS
+    assert compared.same_order.first_difference is None
+
+
+def test_ecrl_windows_resume_the_trainer_exactly_at_another_world_size(runs: Path) -> None:
+    run = runs / "exact"
+    assert _resumed_from(run) == [None, FAILS[0] - 1, FAILS[1] - 1]
+    last = read_json_record(RunPaths.of(run).attempt_record(2), AttemptRecord)
+    assert last.world_size == 1
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == STEPS
+    assert result.metrics.restarts == 2
+    # The Trainer's own counters are ECRL's: 12 steps are 3 epochs of ECRL.
+    final = json.loads((run / "trainer-final.json").read_text())
+    assert final == {"global_step": STEPS, "epoch": STEPS / 4}
+
+
+def test_ecrl_windows_resume_the_trainer_bit_identically(runs: Path) -> None:
+    # checkpoint-8 was written by the attempt that resumed after step 5 at world size 2.
+    ours = runs / "exact" / "trainer" / "checkpoint-8"
+    theirs = runs / "exact-reference" / "trainer" / "checkpoint-8"
+    state = json.loads((ours / "trainer_state.json").read_text())
+    assert (state["global_step"], state["epoch"]) == (8, 2.0)
+    mine, reference = load_file(ours / "model.safetensors"), load_file(
+        theirs / "model.safetensors")
+    assert mine.keys() == reference.keys()
+    assert all(torch.equal(mine[k], reference[k]) for k in reference)
