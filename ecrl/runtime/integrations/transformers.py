@@ -285,8 +285,9 @@ class ECRLCallback(TrainerCallback):
             # Before the epoch's iterator exists. Not left to the loader's set_epoch: on a
             # resume in the middle of an epoch at several ranks, the Trainer's loader is
             # SkipBatchSampler(BatchSamplerShard(BatchSampler(sampler))), one level deeper than
-            # Accelerate 1.15's DataLoaderShard.set_epoch reaches, and the resumed epoch would
-            # get epoch 0's windows.
+            # Accelerate 1.15's DataLoaderShard.set_epoch reaches (it wires a shortcut,
+            # set_sampler, for its own SeedableRandomSampler only), and the resumed epoch
+            # would get epoch 0's windows.
             self.stream.set_epoch(state.global_step // self._steps_per_epoch)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
