@@ -345,7 +345,8 @@ class TrainerSettings:
         """The trainable parameters of ``model`` for ``num_classes`` classes (torch-free; the
         models' own count, pinned by a test): the tiny CNN's head grows with the image area."""
         if self.model == "tiny-gpt":
-            v, d, n, t = (TINY_GPT[k] for k in ("vocab", "width", "layers", "seq_len"))
+            v = num_classes  # the vocabulary
+            d, n, t = (TINY_GPT[k] for k in ("width", "layers", "seq_len"))
             block = 4 * (d * d + d) + 2 * 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
             return (v + t) * d + n * block + 2 * d + d * v + v
         if self.model in ("tiny-cnn", "tiny-cnn-bn"):
