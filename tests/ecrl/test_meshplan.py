@@ -89,3 +89,8 @@ def test_launch_refuses_a_mesh_that_does_not_divide_a_world_size() -> None:
 
     with pytest.raises(ConfigError, match="--tp 2 does not divide world size 3"):
         launch_config({"world_sizes": "4,3", "tp": 2, "parallel": "fsdp"}, default_out="run")
+    # --parallel not given: the script's own scheme (unknown here) is assumed to fit --tp
+    with pytest.raises(ConfigError, match="--tp 2 does not divide world size 3"):
+        launch_config({"world_sizes": "4,3", "tp": 2}, default_out="run")
+    config = launch_config({"world_sizes": "4,2", "tp": 2}, default_out="run")
+    assert "parallel" not in config.explicit and config.supervisor.meshes[1].dp_size == 1
