@@ -175,6 +175,11 @@ class RunConfig:
         self.checkpoint  # noqa: B018
         self.trainer  # noqa: B018
         self.supervisor  # noqa: B018
+        if self.strategy == "jit" and self.parallel != "ddp":
+            # The Checkpointer refuses it in every rank too (a script's own sharded model).
+            raise ConfigError(f"--strategy jit with --parallel {self.parallel}: no rank of a "
+                              "sharded model holds a full replica to rescue from; use "
+                              "blocking, overlapped or sharded")
         for w, mesh in zip(self.world_sizes, self.supervisor.meshes, strict=True):
             try:
                 if mesh.tp == 1:

@@ -46,6 +46,8 @@ def test_layouts_follow_the_world_size() -> None:
     ({"parallel": "fsdp", "replicate": 2, "world_sizes": (4,)}, "is for --parallel hsdp"),
     ({"parallel": "ddp", "tp": 2, "world_sizes": (4,)}, "--tp 2 needs --parallel fsdp or hsdp"),
     ({"parallel": "fsdp", "tp": 0, "world_sizes": (4,)}, "--tp must be an integer >= 1"),
+    ({"parallel": "hsdp", "replicate": 2, "world_sizes": (4,), "strategy": "jit"},
+     "--strategy jit with --parallel hsdp: no rank of a sharded model holds a full replica"),
 ])
 def test_a_mesh_that_cannot_exist_is_refused_in_one_line(settings: dict[str, object],
                                                          message: str) -> None:
