@@ -359,6 +359,10 @@ _LAUNCH_HELP = {
     "max_restarts": "relaunches allowed after failures (default: injected failures + 3)",
     "parallel": "ddp, fsdp or hsdp: the mesh ecrl.init_mesh builds (default: the script's "
                 "init_mesh argument, else ddp)",
+    "replicate": "hsdp's replica groups at the first world size (default: the script's "
+                 "init_mesh argument, else 1)",
+    "tp": "tensor-parallel degree of ecrl.init_mesh's mesh (default: the script's init_mesh "
+          "argument, else 1)",
 }
 """Where a launch flag's help says more than its ``ecrl run`` twin (the script has no
 ``--threads`` of its own; several nodes need one launch each)."""
