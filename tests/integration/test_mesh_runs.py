@@ -2,18 +2,22 @@
 real torchrun runs on gloo, CPU, with injected failures, checked by the verifier.
 
 Launches are the cost (every attempt imports torch in each rank), so each run is made once per
-session and serves several assertions:
+session and serves several assertions. In ``make test`` (about a minute of launches on an idle
+2-core machine):
 
-- ``fsdp2``: FSDP2 at W = 2 with two failures, and ``fsdp2-twin``, the same run uninterrupted:
-  bit-identical parameters and losses (replays included), both PASS;
+- ``fsdp2``: FSDP2 at W = 2 with two failures (restarts from a warm standby, which skips the
+  imports), and ``fsdp2-twin``, the same run uninterrupted: bit-identical parameters and losses
+  (replays included), PASS with every saved object restored with its digest.
+
+Behind ``slow`` (make test-long; W = 4 -> 2 runs, a minute or more each on two cores):
+
 - ``fsdp-tp``: FSDP2 x TP 2 at W = 4 (DP 2 x TP 2), then W = 2 (DP 1 x TP 2) after a failure:
-  PASS with windows checked and every saved object restored with its digest across the
-  reshard; the same logs with two tensor-parallel peers of one step disagreeing: FAIL with both
-  records as the witness.
-
-Behind ``slow`` (make test-long; two more W = 4 -> 2 runs, about a minute each on two cores):
-``hsdp``, replicate 2 x shard 2 -> replicate 1 x shard 2, and ``fsdp42``, plain FSDP2 with DP
-4 -> 2; both must PASS with the resharded state attested.
+  PASS with windows checked and the resharded state attested; the same logs with two
+  tensor-parallel peers of one step disagreeing: FAIL with both records as the witness. (The
+  same claims for a user's script under ``ecrl launch --tp 2`` run in ``make test``:
+  tests/integration/test_fsdp_launch.py.)
+- ``hsdp``, replicate 2 x shard 2 -> replicate 1 x shard 2, and ``fsdp42``, plain FSDP2 with DP
+  4 -> 2: both PASS with the resharded state attested.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def fsdp2(runs: RunCache) -> Run:
     # Failures after steps 4 and 8 with checkpoints every 2: each resume replays a step.
     return _made(runs.get("mesh-fsdp2", [*GPT, "--parallel", "fsdp", "--world-sizes", "2",
                                          "--strategy", "blocking", "--ckpt-every", "2",
-                                         "--fail-at", "4,8"]))
+                                         "--fail-at", "4,8", "--warm-standby"]))
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +94,13 @@ def test_fsdp_with_two_failures_is_bit_identical_to_the_uninterrupted_run(
 
 
 @pytest.fixture(scope="module")
-def tp_run(runs: RunCache) -> Run:
+def tp_run(runs: RunCache) -> Run:  # slow: a W = 4 -> 2 run
     return _made(runs.get("mesh-fsdp-tp", [*GPT, "--parallel", "fsdp", "--tp", "2",
                                            "--world-sizes", "4,2", "--strategy", "blocking",
                                            "--ckpt-every", "4", "--fail-at", "5"]))
 
 
+@pytest.mark.slow
 def test_fsdp_with_tensor_parallelism_across_a_data_parallel_change(tp_run: Run,
                                                                       tmp_path: Path) -> None:
     """DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2: PASS, the resharded state attested;
