@@ -21,12 +21,14 @@ from ecrl.contract.extras import require as _require
 if TYPE_CHECKING:
     from ecrl.runtime.checkpoint.checkpointer import Checkpointer
     from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+    from ecrl.runtime.sampling.meshbuild import data_parallel_mesh, init_mesh
     from ecrl.runtime.sampling.sample_ids import WithSampleIds
     from ecrl.runtime.sampling.steplog import StepLog
     from ecrl.runtime.settings import CheckpointSettings
 
 __all__ = ["CheckpointSettings", "Checkpointer", "ConfigError", "EcrlError", "GlobalBatchSampler",
-           "RunFormatError", "SemanticsError", "StepLog", "WithSampleIds", "__version__"]
+           "RunFormatError", "SemanticsError", "StepLog", "WithSampleIds", "__version__",
+           "data_parallel_mesh", "init_mesh"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -35,6 +37,8 @@ _LAZY = {
     "StepLog": "ecrl.runtime.sampling.steplog",
     "Checkpointer": "ecrl.runtime.checkpoint.checkpointer",
     "CheckpointSettings": "ecrl.runtime.settings",
+    "init_mesh": "ecrl.runtime.sampling.meshbuild",
+    "data_parallel_mesh": "ecrl.runtime.sampling.meshbuild",
 }
 _TORCH_FREE = frozenset({"CheckpointSettings"})
 """Lazy names that need no torch (a launcher script may build its settings without it)."""

@@ -49,7 +49,8 @@ def test_ecrl_subcommand_flags(args: list[str], flags: list[str]) -> None:
 
 
 RUN_FLAGS = [
-    "--config", "--nproc", "--out", "--world-sizes", "--dataset", "--data-dir", "--dataset-size",
+    "--config", "--nproc", "--out", "--world-sizes", "--parallel", "--replicate", "--tp",
+    "--dataset", "--data-dir", "--dataset-size",
     "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every", "--strategy",
     "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids", "--max-restarts",
     "--deadline", "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s",
@@ -85,7 +86,8 @@ def test_run_flags_are_pinned_and_generated_from_the_config_fields() -> None:
 
 
 LAUNCH_FLAGS = [
-    "--out", "--nproc", "--world-sizes", "--ckpt-every", "--strategy", "--max-inflight",
+    "--out", "--nproc", "--world-sizes", "--parallel", "--replicate", "--tp", "--ckpt-every",
+    "--strategy", "--max-inflight",
     "--fail-at", "--fail-rank", "--max-restarts", "--keep-checkpoints", "--deadline",
     "--deadline-k-step", "--deadline-k-ckpt", "--hang-timeout-s", "--threads", "--nnodes",
     "--node-rank", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME_SHARED = ("ecrl.contract", "ecrl", "ecrl.runtime._attempt", "ecrl.runtime._proc",
                    "ecrl.runtime.deadlinetime",
                    "ecrl.runtime.endings", "ecrl.runtime.failure", "ecrl.runtime.launchenv",
-                   "ecrl.runtime.manifest", "ecrl.runtime.runlock",
+                   "ecrl.runtime.manifest", "ecrl.runtime.meshplan", "ecrl.runtime.runlock",
                    "ecrl.runtime.runconfig", "ecrl.runtime.settings")
 ALLOWED = {
     "ecrl/contract": ("ecrl.contract",),

@@ -10,7 +10,12 @@ and the checkpointer saves the model and optimizer whole (gathered from their sh
 them for the mesh of the attempt that resumes. With ``--tp 2`` the mesh is 2-D (``dp`` x ``tp``):
 the first layer is split column-wise and the last row-wise over ``tp``, FSDP2 shards over ``dp``,
 and tensor-parallel peers consume the same batch (``--world-sizes 4,2``: DP 2 x TP 2, then
-DP 1 x TP 2)."""
+DP 1 x TP 2).
+
+The mesh comes from ``ecrl.init_mesh``, which takes the script's own choice (``--tp`` here) unless
+the launch was given one: ``ecrl launch --parallel hsdp --replicate 2 --world-sizes 4,2 -- python
+docs/examples/fsdp_train.py`` trains it as HSDP (2 replica groups of 2 shards, then 1 of 2) with
+no change to the script."""
 
 from __future__ import annotations
 
@@ -20,7 +25,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, Dataset
 
@@ -49,22 +53,20 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     args = p.parse_args()
     dist.init_process_group("gloo")
-    world = dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank, before sharding
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 2))
-    if args.tp > 1:
+    # The mesh: FSDP2 unless `ecrl launch --parallel` says otherwise, --tp unless `ecrl launch
+    # --tp` does (named dp, or dp_replicate x dp_shard, then tp).
+    mesh = ecrl.init_mesh("cpu", parallel="fsdp", tp=args.tp)
+    if "tp" in mesh.mesh_dim_names:
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
             RowwiseParallel,
             parallelize_module,
         )
 
-        mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        fully_shard(model, mesh=mesh["dp"])
-    else:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-        fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=ecrl.data_parallel_mesh(mesh))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     data = Points(200)
 

@@ -88,6 +88,12 @@ class AttemptEnv:
     """The run's world-size schedule (for run.json; each attempt's own comes from torchrun)."""
     deadline: float | None = None
     """Unix time by which a final checkpoint must be committed (None: no deadline)."""
+    parallel: str | None = None
+    """``--parallel`` when the user gave it (None: the script's own, else ddp)."""
+    replicate: int | None = None
+    """``--replicate`` when the user gave it."""
+    tp: int | None = None
+    """``--tp`` when the user gave it."""
 
     def __post_init__(self) -> None:
         check_finite(self)  # ECRL_DEADLINE=inf; the checkpoint settings check their own
@@ -96,6 +102,11 @@ class AttemptEnv:
         unknown = sorted(set(self.checkpoint) - set(checkpoint_fields()))
         if unknown:
             raise ConfigError(f"no checkpoint setting {unknown[0]!r}")
+
+    @property
+    def mesh(self) -> dict[str, Any]:
+        """The mesh settings the user gave the supervisor, by name (None: not given)."""
+        return {"parallel": self.parallel, "replicate": self.replicate, "tp": self.tp}
 
     @property
     def resuming(self) -> bool:

@@ -37,10 +37,11 @@ STREAM_FIELDS = ("dataset.size", "global_batch", "seed", "steps_per_epoch", "tar
 draws (the RNG policy: the same for every strategy, so a run continued with another
 ``--strategy`` keeps its trajectory)."""
 RUN_FIELDS = ("seed", "dataset", "global_batch", "steps_per_epoch", "target_steps", "permutation",
-              "rng", "log_ids", "ckpt_every", "fail_at", "world_sizes", "model", "image_size", "lr")
-"""What defines an ``ecrl run``: its stream, its failures and world sizes, and the settings kept
-only in the stored configuration that still define what is trained (another image size changes
-the model's input, another lr the updates)."""
+              "rng", "log_ids", "ckpt_every", "fail_at", "world_sizes", "meshes", "model",
+              "image_size", "lr")
+"""What defines an ``ecrl run``: its stream, its failures, world sizes and the mesh of each, and
+the settings kept only in the stored configuration that still define what is trained (another
+image size changes the model's input, another lr the updates)."""
 
 _GET: dict[str, Callable[[RunManifest], Any]] = {
     "dataset.size": lambda m: m.dataset_size,
@@ -53,7 +54,7 @@ _CONFIG_ONLY = ("image_size", "lr")
 _FLAG_OF = {"dataset": "--dataset/--dataset-size", "target_steps": "--steps/--epochs",
             "steps_per_epoch": "--dataset-size/--global-batch", "permutation": "(ECRL version)",
             "rng": "(ECRL version: its RNG policy)",
-            "dataset.size": "--dataset-size"}
+            "dataset.size": "--dataset-size", "meshes": "--parallel/--replicate/--tp"}
 
 
 def _now_iso() -> str:

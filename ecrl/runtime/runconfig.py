@@ -64,8 +64,8 @@ STRATEGIES = strategy_names()
 BUILT_STRATEGIES = built_strategies()
 """The strategies a run can use today (from :mod:`ecrl.runtime.checkpoint.registry`)."""
 _KINDS: dict[str, type | tuple[type, ...]] = {
-    **dict.fromkeys(("out", "dataset", "model", "strategy", "data_dir", "deadline", "rdzv_backend",
-                     "rdzv_endpoint", "rdzv_id", "rdzv_conf"), str),
+    **dict.fromkeys(("out", "dataset", "model", "strategy", "parallel", "data_dir", "deadline",
+                     "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf"), str),
     "log_ids": bool,
     "warm_standby": bool,
     "verify_follow": bool,
@@ -115,6 +115,9 @@ class RunConfig:
     # The sections' settings, in flag order: docs, defaults and checks in the sections
     # (settings.py): TrainerSettings (T), SupervisorSettings (S), CheckpointSettings (C).
     world_sizes: tuple[int, ...] = SUPERVISOR_DEFAULTS.world_sizes
+    parallel: str = SUPERVISOR_DEFAULTS.parallel
+    replicate: int = SUPERVISOR_DEFAULTS.replicate
+    tp: int = SUPERVISOR_DEFAULTS.tp
     dataset: str = TRAINER_DEFAULTS.dataset
     data_dir: str | None = TRAINER_DEFAULTS.data_dir
     dataset_size: int | None = TRAINER_DEFAULTS.dataset_size
@@ -172,9 +175,17 @@ class RunConfig:
         self.checkpoint  # noqa: B018
         self.trainer  # noqa: B018
         self.supervisor  # noqa: B018
-        for w in self.world_sizes:
+        if self.strategy == "jit" and self.parallel != "ddp":
+            # The Checkpointer refuses it in every rank too (a script's own sharded model).
+            raise ConfigError(f"--strategy jit with --parallel {self.parallel}: no rank of a "
+                              "sharded model holds a full replica to rescue from; use "
+                              "blocking, overlapped or sharded")
+        for w, mesh in zip(self.world_sizes, self.supervisor.meshes, strict=True):
             try:
-                semantics.local_batch(self.global_batch, w)
+                if mesh.tp == 1:
+                    semantics.local_batch(self.global_batch, w)
+                else:
+                    semantics.mesh_local_batch(self.global_batch, mesh.dp_size)
             except SemanticsError as exc:
                 raise ConfigError(f"--global-batch/--world-sizes: {exc}") from None
 
@@ -334,10 +345,11 @@ def run_flags() -> tuple[RunFlag, ...]:
     return tuple(flags)
 
 
-LAUNCH_KEYS = ("world_sizes", "ckpt_every", "strategy", "max_inflight", "fail_at", "fail_rank",
-               "max_restarts", "keep_checkpoints", "deadline", "deadline_k_step",
-               "deadline_k_ckpt", "hang_timeout_s", "threads", "nnodes", "rdzv_backend",
-               "rdzv_endpoint", "rdzv_id", "rdzv_conf", "warm_standby", "verify_follow")
+LAUNCH_KEYS = ("world_sizes", "parallel", "replicate", "tp", "ckpt_every", "strategy",
+               "max_inflight", "fail_at", "fail_rank", "max_restarts", "keep_checkpoints",
+               "deadline", "deadline_k_step", "deadline_k_ckpt", "hang_timeout_s", "threads",
+               "nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "warm_standby",
+               "verify_follow")
 """The settings of ``ecrl launch``: the supervisor's and the checkpoint section (a subset of
 ``ecrl run``'s; data, model, batch and steps are the script's)."""
 _LAUNCH_HELP = {
@@ -345,6 +357,12 @@ _LAUNCH_HELP = {
     "nnodes": "torchrun --nnodes; one ecrl launch per node (docs/library.md)",
     "rdzv_id": "torchrun --rdzv-id (same on every node)",
     "max_restarts": "relaunches allowed after failures (default: injected failures + 3)",
+    "parallel": "ddp, fsdp or hsdp: the mesh ecrl.init_mesh builds (default: the script's "
+                "init_mesh argument, else ddp)",
+    "replicate": "hsdp's replica groups at the first world size (default: the script's "
+                 "init_mesh argument, else 1)",
+    "tp": "tensor-parallel degree of ecrl.init_mesh's mesh (default: the script's init_mesh "
+          "argument, else 1)",
 }
 """Where a launch flag's help says more than its ``ecrl run`` twin (the script has no
 ``--threads`` of its own; several nodes need one launch each)."""

@@ -44,12 +44,13 @@ from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint.registry import strategy_names
 from ecrl.runtime.deadlinetime import parse_deadline
+from ecrl.runtime.meshplan import MeshLayout, plan_meshes
 
 __all__ = ["SOURCES", "SETTINGS_FILE", "DEFAULTS", "CheckpointSettings", "ResolvedCheckpoint",
            "resolve_checkpoint", "script_values", "field_docs", "checkpoint_fields",
            "TrainerSettings", "SupervisorSettings", "TRAINER_DEFAULTS", "SUPERVISOR_DEFAULTS",
            "FAKE_CLASSES", "section_fields", "MODELS", "DATASETS", "check_finite", "RNG_POLICY",
-           "RNG_NOTE"]
+           "RNG_NOTE", "TINY_GPT"]
 
 SOURCES = ("flag", "script", "default")
 """Where a resolved setting came from: given to the supervisor (a flag or its config file), the
@@ -248,8 +249,11 @@ RNG_NOTE = ("ecrl: RNG policy per-step: Python's, NumPy's and torch's global gen
             "reseeded nor checkpointed")
 """The one line a script's rank 0 prints when its run starts (docs/library.md)."""
 
-MODELS = ("tiny-cnn", "tiny-cnn-bn", "resnet18", "resnet50")
+MODELS = ("tiny-cnn", "tiny-cnn-bn", "resnet18", "resnet50", "tiny-gpt")
 """The built-in trainer's models (``--model``)."""
+TINY_GPT = {"vocab": 64, "width": 32, "layers": 2, "heads": 4, "seq_len": 16}
+"""``tiny-gpt``'s sizes: its vocabulary (the generated tokens' alphabet), model width, blocks,
+attention heads (``--tp`` must divide them) and sequence length (tokens per sample)."""
 DATASETS = ("fake", "cifar10", "cifar100", "imagefolder")
 """The built-in trainer's data sets (``--dataset``)."""
 DEFAULT_FAKE_SIZE = 4096
@@ -282,7 +286,8 @@ class TrainerSettings:
     dataset_size: int | None = None
     """D: samples of the fake dataset (default 4096); other datasets have their own size."""
     model: str = "tiny-cnn"
-    """NAME: tiny-cnn, tiny-cnn-bn (with BatchNorm), resnet18 or resnet50."""
+    """NAME: tiny-cnn, tiny-cnn-bn (with BatchNorm), resnet18, resnet50, or tiny-gpt (a small
+    transformer language model on generated tokens)."""
     global_batch: int = 32
     """B: samples per step over all ranks; constant for the whole run."""
     steps: int | None = None
@@ -314,6 +319,9 @@ class TrainerSettings:
         elif self.dataset_size is not None:
             raise ConfigError(f"--dataset-size is only for the fake dataset ({self.dataset} has "
                               "its own size)")
+        if self.model == "tiny-gpt" and self.dataset != "fake":
+            raise ConfigError(f"--model tiny-gpt trains on generated tokens (--dataset fake), "
+                              f"not {self.dataset}")
         for name, low in (("global_batch", 1), ("image_size", 4), ("seed", 0)):
             _check_int(name, getattr(self, name), low)
         if self.seed > semantics.MAX_SEED:
@@ -336,6 +344,11 @@ class TrainerSettings:
     def model_parameters(self, num_classes: int) -> int:
         """The trainable parameters of ``model`` for ``num_classes`` classes (torch-free; the
         models' own count, pinned by a test): the tiny CNN's head grows with the image area."""
+        if self.model == "tiny-gpt":
+            v = num_classes  # the vocabulary
+            d, n, t = (TINY_GPT[k] for k in ("width", "layers", "seq_len"))
+            block = 4 * (d * d + d) + 2 * 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
+            return (v + t) * d + n * block + 2 * d + d * v + v
         if self.model in ("tiny-cnn", "tiny-cnn-bn"):
             side = self.image_size
             norms = 2 * (16 + 32) if self.model == "tiny-cnn-bn" else 0  # BatchNorm's affine
@@ -347,6 +360,9 @@ class TrainerSettings:
         """A lower bound of what one rank must hold at once, in bytes: its input batch
         (``local_batch`` x 3 x side x side float32) and the model's weights, gradients and SGD
         momentum (3 float32 per parameter). Activations, buffers and torch itself come on top."""
+        if self.model == "tiny-gpt":  # int64 tokens and targets
+            return (local_batch * 2 * TINY_GPT["seq_len"] * 8,
+                    3 * 4 * self.model_parameters(num_classes))
         side = self.input_side
         return (local_batch * 3 * side * side * 4,
                 3 * 4 * self.model_parameters(num_classes))
@@ -370,6 +386,14 @@ class SupervisorSettings:
     # Each field is a flag of `ecrl run` and `ecrl launch`, documented as in CheckpointSettings.
     world_sizes: tuple[int, ...] = (1,)
     """W0,W1,…: world size of attempt 0, 1, …; the last one repeats."""
+    parallel: str = "ddp"
+    """NAME: ddp (a whole model per rank), fsdp (FSDP2 over the data-parallel ranks) or hsdp
+    (``replicate`` groups of FSDP2 shards); the data-parallel degree is DP = W / ``tp``."""
+    replicate: int = 1
+    """R: hsdp's replica groups at the first world size; the shard group (DP / R ranks) stays,
+    later world sizes change the number of groups."""
+    tp: int = 1
+    """T: tensor-parallel degree (fsdp or hsdp): T ranks consume each data-parallel shard."""
     fail_at: tuple[int, ...] = ()
     """STEPS: global steps after which a failure is injected, each once over the whole run."""
     fail_rank: int = 0
@@ -419,6 +443,7 @@ class SupervisorSettings:
                                   f"(world size {size})")
         if any(f < 0 for f in self.fail_at):
             raise ConfigError("--fail-at steps must be non-negative")
+        self.meshes  # noqa: B018  (a mesh that does not divide a world size: one line)
         if not self.collective_timeout_s > 0:
             raise ConfigError("--collective-timeout-s must be positive")
         if self.deadline is not None:
@@ -430,6 +455,12 @@ class SupervisorSettings:
     @property
     def effective_max_restarts(self) -> int:
         return self.max_restarts if self.max_restarts is not None else len(self.fail_at) + 3
+
+    @property
+    def meshes(self) -> list[MeshLayout]:
+        """The mesh of each planned world size (:mod:`ecrl.runtime.meshplan`), checked."""
+        return plan_meshes(parallel=self.parallel, replicate=self.replicate, tp=self.tp,
+                           world_sizes=self.world_sizes)
 
 
 @functools.cache

@@ -25,6 +25,15 @@ def ecrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     (["--world-sizes", "2,x"], "'x' is not an integer"),
     (["--nproc", "2", "--world-sizes", "2"], "not both"),
     (["--config", "missing.toml"], "no such file"),
+    # meshes (issue 31): refused before anything is launched or written
+    (["--parallel", "fsdp", "--tp", "2", "--world-sizes", "4,3", "--global-batch", "12"],
+     "--tp 2 does not divide world size 3"),
+    (["--parallel", "fsdp", "--tp", "2", "--world-sizes", "8", "--global-batch", "6",
+      "--model", "tiny-gpt"], "not divisible by the data-parallel size 4"),
+    (["--parallel", "hsdp", "--replicate", "3", "--world-sizes", "4"],
+     "--replicate 3 does not divide the data-parallel degree 4"),
+    (["--parallel", "fsdp", "--tp", "2", "--world-sizes", "2"], "--tp 2 needs --model tiny-gpt"),
+    (["--parallel", "zero3"], "--parallel 'zero3' is unknown"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str],
                                                   message: str) -> None:
@@ -52,7 +61,8 @@ def test_run_flags_are_pinned() -> None:
     run = sub.choices["run"]  # type: ignore[attr-defined]
     flags = sorted(o for a in run._actions for o in a.option_strings if o.startswith("--"))
     assert flags == sorted([
-        "--help", "--config", "--out", "--nproc", "--world-sizes", "--dataset", "--data-dir",
+        "--help", "--config", "--out", "--nproc", "--world-sizes", "--parallel", "--replicate",
+        "--tp", "--dataset", "--data-dir",
         "--dataset-size", "--model", "--global-batch", "--steps", "--epochs", "--ckpt-every",
         "--strategy", "--max-inflight", "--fail-at", "--fail-rank", "--seed", "--log-ids",
         "--max-restarts", "--deadline", "--keep-checkpoints", "--lr", "--image-size",

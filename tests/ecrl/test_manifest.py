@@ -40,6 +40,10 @@ def test_the_same_run_passes_and_strategy_may_change() -> None:
                                               "(--global-batch)"),
     ({"extra": {"config": {"lr": 0.2}}}, RUN_FIELDS, True, "lr 0.1, the settings given have 0.2"),
     ({"seed": 9}, STREAM_FIELDS, False, "seed 1, the settings given have 9: continue"),
+    # a continued `ecrl run` with another mesh (run.json's meshes would no longer describe it)
+    ({"meshes": [{"dp_size": 1, "tp_size": 2}]}, RUN_FIELDS, True,
+     'meshes null, the settings given have [{"dp_size": 1, "tp_size": 2}] '
+     "(--parallel/--replicate/--tp)"),
 ])
 def test_a_difference_is_one_line_naming_field_values_and_way_out(
         change: dict[str, object], field: tuple[str, ...], flags: bool, words: str) -> None:

@@ -1,15 +1,19 @@
-"""Models: the tiny CNN and torchvision's ResNets, freshly initialised, never downloaded."""
+"""Models: the tiny CNN, torchvision's ResNets and tiny-gpt, freshly initialised, never
+downloaded."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.trainer.models import MODELS, build_model
 
+IMAGE_MODELS = [m for m in MODELS if m != "tiny-gpt"]
 
-@pytest.mark.parametrize("name", MODELS)
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_models_classify_32px_images(name: str) -> None:
     torch.manual_seed(0)
     model = build_model(name, num_classes=7).eval()
@@ -20,6 +24,24 @@ def test_models_classify_32px_images(name: str) -> None:
     again = build_model(name, num_classes=7)
     for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # initialisation follows torch's seed
+
+
+def test_tiny_gpt_predicts_every_next_token_causally() -> None:
+    from ecrl.runtime.settings import TINY_GPT
+    from ecrl.runtime.trainer.datasets import GeneratedTokens
+
+    torch.manual_seed(0)
+    model = build_model("tiny-gpt", num_classes=TINY_GPT["vocab"]).eval()
+    x, y = GeneratedTokens(size=10).batch(np.arange(3))
+    assert x.shape == y.shape == (3, TINY_GPT["seq_len"]) and torch.equal(x[:, 1:], y[:, :-1])
+    with torch.no_grad():
+        out = model(x)
+        changed = x.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % TINY_GPT["vocab"]
+        later = model(changed)
+    assert out.shape == (3, TINY_GPT["seq_len"], TINY_GPT["vocab"])
+    # causal: a change to the last token leaves every earlier position's prediction alone
+    assert torch.equal(out[:, :-1], later[:, :-1]) and not torch.equal(out[:, -1], later[:, -1])
 
 
 def test_tiny_cnn_dropout_uses_the_rng() -> None:

@@ -119,9 +119,11 @@ def test_jit_is_refused_in_one_line_for_a_sharded_model(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tp_run(runs: RunCache) -> Run:
+    # --tp 2 given to the launch, not the script (whose own is 1): ecrl.init_mesh takes the
+    # launch's setting (ECRL_TP), as every mesh setting of `ecrl launch`.
     run = runs.get("launch-fsdp-tp", ["--strategy", "blocking", "--ckpt-every", "4",
-                                      "--world-sizes", "4,2", "--fail-at", "9", "--",
-                                      "python", str(EXAMPLE), "--steps", "16", "--tp", "2"],
+                                      "--world-sizes", "4,2", "--fail-at", "9", "--tp", "2",
+                                      "--", "python", str(EXAMPLE), "--steps", "16"],
                    command="launch")
     assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
     return run
@@ -149,3 +151,23 @@ def test_tensor_parallel_fsdp_run_passes_and_disagreeing_peers_fail(tp_run: Run,
     assert mutant.verdict == "FAIL"
     witness = next(a for a in mutant.anomalies if a.kind == "tp_peer_mismatch")
     assert witness.file is not None and witness.related and witness.related[0].rank != witness.rank
+
+
+@pytest.mark.slow  # another W = 4 -> 2 launch (about a minute on two cores)
+def test_the_launch_turns_the_script_into_hsdp(runs: RunCache) -> None:
+    """``ecrl launch --parallel hsdp --replicate 2``: the script's own FSDP2 mesh becomes 2 replica
+    groups of 2 shards, then 1 of 2 at W = 2, with no change to the script; PASS."""
+    from verifier import verify_run
+
+    run = runs.get("launch-hsdp", ["--strategy", "blocking", "--ckpt-every", "4",
+                                   "--world-sizes", "4,2", "--fail-at", "9", "--parallel", "hsdp",
+                                   "--replicate", "2", "--", "python", str(EXAMPLE), "--steps",
+                                   "16"], command="launch")
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    result = verify_run(run.root)
+    assert result.verdict == "PASS" and result.state is not None
+    assert result.state.resumes_checked == 1 and not result.state.unattested
+    firsts = [json.loads((run.root / f"logs/attempt-000/rank-00{r}.jsonl").read_text()
+                         .splitlines()[0]) for r in range(4)]
+    assert [(f["dp_rank"], f["dp_size"], f["tp_size"]) for f in firsts] == [
+        (0, 4, 1), (1, 4, 1), (2, 4, 1), (3, 4, 1)]

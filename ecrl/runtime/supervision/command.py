@@ -57,7 +57,10 @@ def attempt_env(config: RunConfig, paths: RunPaths, attempt: int, pointer: Lates
         fail_at=tuple(fail_at), fail_rank=config.fail_rank,
         # Only the checkpoint settings the user gave: the script's own choices stand for the
         # others (ecrl.runtime.settings; the built-in trainer passes its configuration).
-        checkpoint=config.checkpoint_given, world_sizes=tuple(world_sizes), deadline=deadline)
+        checkpoint=config.checkpoint_given, world_sizes=tuple(world_sizes), deadline=deadline,
+        # The mesh settings likewise: given ones only (ecrl.init_mesh: given > script > default).
+        **{name: getattr(config, name) for name in ("parallel", "replicate", "tp")
+           if name in config.explicit})
 
 
 def environment(trainer: TrainerSettings, ranks_per_node: int,

@@ -119,6 +119,12 @@ def _config(values: Mapping[str, Any], explicit: frozenset[str]) -> RunConfig:
 
     worlds = parse_int_list("--world-sizes", values.get("world_sizes", (1,)))
     batch = math.lcm(*worlds) if worlds and all(w > 0 for w in worlds) else 1
+    values = dict(values)
+    if "parallel" not in explicit and ("tp" in explicit or "replicate" in explicit):
+        # --tp or --replicate given, --parallel not: the script's own scheme applies
+        # (ecrl.init_mesh), unknown here; check the given ones against the scheme they need
+        # (the ranks are passed only what was given).
+        values["parallel"] = "hsdp" if values.get("replicate", 1) != 1 else "fsdp"
     return RunConfig.from_dict({**values, "global_batch": batch}, explicit=explicit)
 
 

@@ -23,7 +23,7 @@ from ecrl.runtime.checkpoint.persist import CrashHook
 from ecrl.runtime.failure import disk_error, disk_remedy, machine_memory, read_fired
 from ecrl.runtime.manifest import build_manifest
 from ecrl.runtime.runconfig import RunConfig
-from ecrl.runtime.settings import FAKE_CLASSES
+from ecrl.runtime.settings import FAKE_CLASSES, TINY_GPT
 from ecrl.runtime.supervision.progress import attempt_steps
 
 __all__ = ["DiskFull", "check_out", "check_fits", "memory_limit", "plan_manifest",
@@ -67,7 +67,8 @@ def _is_pseudo(path: Path) -> bool:
 def _dataset_shape(config: RunConfig) -> tuple[int, int]:
     """D and the number of classes of the run's data set (reads a data set on disk)."""
     if config.dataset == "fake":
-        return config.fake_size(), FAKE_CLASSES
+        classes = TINY_GPT["vocab"] if config.model == "tiny-gpt" else FAKE_CLASSES
+        return config.fake_size(), classes
     from ecrl.runtime.trainer.datasets import build_dataset, check_data_dir
 
     data_dir = Path(config.data_dir) if config.data_dir else None
@@ -100,7 +101,7 @@ def check_fits(config: RunConfig, num_classes: int, *, limit: tuple[int, str] | 
     if limit is None:
         return
     trainer = config.trainer
-    local = max(config.global_batch // w for w in config.world_sizes)
+    local = max(config.global_batch // m.dp_size for m in config.supervisor.meshes)
     side = trainer.input_side
     batch, model = trainer.rank_memory(local, num_classes)
     if batch + model <= limit[0]:
@@ -116,6 +117,12 @@ def check_fits(config: RunConfig, num_classes: int, *, limit: tuple[int, str] | 
 def plan_manifest(config: RunConfig) -> RunManifest:
     """The ``run.json`` this configuration describes (reads the data set to learn D); refuses a
     run that cannot fit in memory (:func:`check_fits`)."""
+    if config.tp > 1 and config.model != "tiny-gpt":
+        raise ConfigError(f"--tp {config.tp} needs --model tiny-gpt (the built-in model with a "
+                          f"tensor-parallel plan), not {config.model}")
+    if TINY_GPT["heads"] % config.tp:
+        raise ConfigError(f"--tp {config.tp} must divide tiny-gpt's {TINY_GPT['heads']} "
+                          "attention heads (each tensor-parallel rank holds whole heads)")
     size, classes = _dataset_shape(config)
     check_fits(config, classes)
     return build_manifest(
@@ -125,6 +132,8 @@ def plan_manifest(config: RunConfig) -> RunManifest:
         target_steps=config.target_steps(size), log_ids=config.log_ids, model=config.model,
         strategy=config.strategy, ckpt_every=config.effective_ckpt_every,
         fail_at=config.fail_at, world_sizes=config.world_sizes,
+        meshes=None if config.parallel == "ddp"
+        else [m.record() for m in config.supervisor.meshes],
         extra={"config": config.to_dict()})
 
 

@@ -8,6 +8,8 @@ bit-identical tensors.
 - ``fake``: generated data, the embedded default. Sample ``i`` is a pure function of ``i`` (a
   class template plus noise, both drawn from :func:`ecrl.contract.semantics.mix64` of the ID), so
   any sample can be produced at any time, by any rank, without files and without touching an RNG.
+- ``fake`` with ``--model tiny-gpt``: generated token sequences (:class:`GeneratedTokens`), each
+  a pure function of its ID as well.
 - ``cifar10`` / ``cifar100``: torchvision's own data set classes over the standard python-pickle
   layout (``cifar-10-batches-py/`` or ``cifar-100-python/`` under ``--data-dir``). Nothing is
   downloaded. The published MD5 sums are not enforced, so subsets and re-packed copies in the
@@ -39,12 +41,13 @@ import torch
 from ecrl.contract.errors import ConfigError
 from ecrl.contract.semantics import mix64
 from ecrl.runtime.runconfig import DATASETS
-from ecrl.runtime.settings import FAKE_CLASSES
+from ecrl.runtime.settings import FAKE_CLASSES, TINY_GPT
 
 __all__ = [
     "DATASETS",
     "SampleSource",
     "GeneratedDataset",
+    "GeneratedTokens",
     "CifarDataset",
     "ImageFolderDataset",
     "check_data_dir",
@@ -135,6 +138,61 @@ class GeneratedDataset:
             raise IndexError(index)
         x, y = self.batch(np.array([index], dtype=np.int64))
         return x[0], int(y[0]), index
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GeneratedTokens:
+    """Deterministic token sequences for a language model: sample ``i`` is a function of ``i``.
+
+    Each sequence is ``seq_len + 1`` tokens of an affine walk ``t' = (a * t + c) mod vocab``
+    whose start and step ``c`` come from :func:`ecrl.contract.semantics.mix64` of the ID, with
+    one token in eight replaced by noise: learnable from the context (the step shows after two
+    tokens), never exactly. ``batch`` gives the inputs (the first ``seq_len`` tokens) and the
+    targets (the same shifted by one)."""
+
+    size: int
+    """Number of samples (IDs 0..size-1)."""
+    vocab: int = TINY_GPT["vocab"]
+    seq_len: int = TINY_GPT["seq_len"]
+    name: str = "fake"
+
+    _MULTIPLIER = 5
+    _START_SALT = 0x746F6B656E
+    _STEP_SALT = 0x73746570
+    _NOISE_SALT = 0x6E6F6973
+
+    @property
+    def num_classes(self) -> int:
+        return self.vocab
+
+    def __len__(self) -> int:
+        return self.size
+
+    def tokens(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        u = ids.astype(np.uint64)
+        v = np.uint64(self.vocab)
+        token = mix64(u ^ np.uint64(self._START_SALT)) % v
+        step = mix64(u ^ np.uint64(self._STEP_SALT)) % v
+        positions = np.arange(self.seq_len + 1, dtype=np.uint64)
+        noise = mix64(u[:, None] * np.uint64(self.seq_len + 1) + positions[None, :]
+                      + np.uint64(self._NOISE_SALT))
+        out = np.empty((len(ids), self.seq_len + 1), dtype=np.uint64)
+        for k in range(self.seq_len + 1):
+            out[:, k] = token
+            token = (np.uint64(self._MULTIPLIER) * token + step) % v
+        noisy = (noise & np.uint64(7)) == 0
+        out[noisy] = (noise[noisy] >> np.uint64(3)) % v
+        return out.astype(np.int64)
+
+    def batch(self, ids: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor]:
+        seq = torch.from_numpy(self.tokens(np.asarray(ids, dtype=np.int64)))
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        x, _ = self.batch(np.array([index], dtype=np.int64))
+        return x[0], int(self.tokens(np.array([index], dtype=np.int64))[0, -1]), index
 
 
 def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -333,11 +391,14 @@ def check_data_dir(name: str, data_dir: Path | None) -> None:
 
 
 def build_dataset(name: str, *, data_dir: Path | None, size: int | None,
-                  image_size: int = 32) -> SampleSource:
-    """The data set a run names (``size`` is the fake data set's D)."""
+                  image_size: int = 32, model: str | None = None) -> SampleSource:
+    """The data set a run names (``size`` is the fake data set's D; under ``model`` tiny-gpt
+    the fake data set is token sequences)."""
     if name == "fake":
         if size is None:
             raise ConfigError("--dataset fake needs --dataset-size")
+        if model == "tiny-gpt":
+            return GeneratedTokens(size=size)
         return GeneratedDataset(size=size, side=image_size)
     if name in _CIFAR:
         assert data_dir is not None

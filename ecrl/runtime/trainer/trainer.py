@@ -1,5 +1,7 @@
-"""The DDP training process that torchrun launches (``python -m ecrl.runtime.trainer.trainer``),
-one per rank.
+"""The training process that torchrun launches (``python -m ecrl.runtime.trainer.trainer``),
+one per rank: DDP, or (``--parallel fsdp|hsdp``, ``--tp``) the model sharded over this attempt's
+device mesh (:func:`ecrl.init_mesh`), FSDP2 per block and at the root, tiny-gpt's layers split
+over the tensor-parallel ranks, which consume the same shard of each window.
 
 Each step follows the timeline of seed ``000_…`` §4.6, in this order:
 
@@ -9,7 +11,8 @@ Each step follows the timeline of seed ``000_…`` §4.6, in this order:
    (:class:`ecrl.StepLog`) — before the backward pass, so before this rank's gradients can enter
    the step's all-reduce: a rank that completed that all-reduce knows every rank logged the
    step, which is what lets ``jit`` save a survivor's live state without a per-step copy;
-4. backward (DDP all-reduces the gradients), optimizer and scheduler update;
+4. backward (DDP all-reduces the gradients; FSDP2 reduce-scatters them), optimizer and
+   scheduler update;
 5. the step boundary: the RNG streams of the next step, the checkpoint if one is due, then
    failure injection if one is due (:meth:`ecrl.Checkpointer.after_step`).
 
@@ -57,9 +60,10 @@ from ecrl.runtime.failure import FATAL_EXIT_CODE, fatal_reason, write_fatal
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.meshbuild import data_parallel_mesh, init_mesh
 from ecrl.runtime.sampling.steplog import StepLog
 from ecrl.runtime.trainer.datasets import build_dataset
-from ecrl.runtime.trainer.models import build_model
+from ecrl.runtime.trainer.models import build_model, parallelize
 from ecrl.runtime.trainer.placement import choose_placement
 
 __all__ = ["FINAL_DIR", "Trainer", "main", "params_digest"]
@@ -113,37 +117,45 @@ class Trainer:
         t = self.settings
         dataset = build_dataset(t.dataset, data_dir=Path(t.data_dir) if t.data_dir else None,
                                 size=m.dataset_size if t.dataset == "fake" else None,
-                                image_size=t.image_size)
+                                image_size=t.image_size, model=t.model)
         if len(dataset) != m.dataset_size:
             raise ConfigError(
                 f"the dataset now has {len(dataset)} samples, run.json says "
                 f"{m.dataset_size}: the data changed since the run started"
             )
 
+        c = self.config
+        mesh = init_mesh(self.device.type, parallel=c.parallel, replicate=c.replicate, tp=c.tp)
         seed_all(m.seed)  # identical initial weights on every rank and attempt
         model = build_model(t.model, num_classes=dataset.num_classes,
                             side=t.image_size).to(self.device)
-        ddp = DistributedDataParallel(
-            model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=t.lr, momentum=0.9,
+        net: torch.nn.Module
+        if mesh is None:
+            net = DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        else:  # sharded in place: the checkpointer saves it whole and reshards it on a resume
+            net = parallelize(model, dp_mesh=data_parallel_mesh(mesh),
+                              tp_mesh=mesh["tp"] if "tp" in mesh.mesh_dim_names else None)
+        optimizer = torch.optim.SGD(net.parameters(), lr=t.lr, momentum=0.9,
                                     weight_decay=5e-4)
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.target)
         sampler = GlobalBatchSampler(m.dataset_size, m.global_batch, seed=m.seed,
-                                     steps=self.target)
+                                     steps=self.target, mesh=mesh)
         log = StepLog(self.paths.root, sampler=sampler, steps=self.target, log_ids=m.log_ids,
                       model=m.model, dataset=str(m.dataset["name"]))
-        ckpt = Checkpointer({"model": ddp, "optimizer": optimizer, "scheduler": scheduler,
+        ckpt = Checkpointer({"model": net, "optimizer": optimizer, "scheduler": scheduler,
                              "sampler": sampler}, log=log,
                             checkpoint=self.config.checkpoint)  # the run's: flags or defaults
         start = ckpt.restore()
-        ddp.train()
+        net.train()
         previous: float | None = None  # when this rank's previous record was written
         with ckpt:  # jit: an exception a dead peer causes reaches the checkpointer's rescue
             for step, ids in zip(range(start, self.target), sampler, strict=True):
                 x, y = dataset.batch(np.asarray(ids, dtype=np.int64))
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(ddp(x), y)
+                # (batch, classes) or, for a language model, (batch, tokens, vocabulary)
+                loss = F.cross_entropy(net(x).flatten(0, -2), y.flatten())
                 # The record before the backward pass: before these gradients can enter the
                 # all-reduce. step_s is record to record (one whole step); the first record of
                 # an attempt has none.
@@ -156,20 +168,32 @@ class Trainer:
                 scheduler.step()
                 ckpt.after_step(step)
         log.close()
-        if self.rank == 0:
-            self._write_final(model)
+        self._write_final(model, sharded=mesh is not None)
         if self.world_size > 1:
             dist.barrier()
         # DDP's reducer must go before its process group: with gloo, destroying the group under a
         # live reducer aborts the process at exit now and then ("terminate called without an
         # active exception"), and the supervisor would relaunch a run that had completed.
-        del ckpt, optimizer, scheduler, ddp
+        del ckpt, optimizer, scheduler, net
         gc.collect()
         dist.destroy_process_group()
         return 0
 
-    def _write_final(self, model: torch.nn.Module) -> None:
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    def _write_final(self, model: torch.nn.Module, *, sharded: bool) -> None:
+        """Rank 0 writes the trained model whole; a sharded one is gathered first (by every
+        rank: a collective)."""
+        whole: dict[str, Any] = {}
+        if sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                        cpu_offload=True))
+        if self.rank != 0:
+            return
+        state = {k: v.detach().cpu() for k, v in (whole if sharded else model.state_dict()).items()}
         buffer = io.BytesIO()
         torch.save(state, buffer)
         final = self.paths.root / FINAL_DIR
