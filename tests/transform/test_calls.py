@@ -163,7 +163,7 @@ def _attempt(program: Path, cwd: Path, env: dict[str, str], rng: random.Random,
     return "".join(seen) + out, run, killed
 
 
-MAX_KILLS = 4
+MAX_KILLS = 2
 
 
 def test_hint_in_the_callers_epoch_loop_never_moves_backwards(tmp_path: Path) -> None:
