@@ -49,7 +49,8 @@ def test_bad_programs_are_one_line(argv: list[str], message: str) -> None:
      "ecrl launch --nproc 2 -- python t.py"),
     (["python", "-m", "torch.distributed.run", "--standalone", "t.py", "x"], "torchrun",
      "ecrl launch --nproc N -- python t.py x"),
-    (["lightning", "run", "model", "t.py"], "lightning run", "ecrl launch --nproc N -- python t.py"),
+    (["lightning", "run", "model", "t.py"], "lightning run",
+     "ecrl launch --nproc N -- python t.py"),
     (["fabric", "run", "--devices", "2", "t.py"], "fabric run",
      "ecrl launch --nproc 2 -- python t.py"),
 ])
