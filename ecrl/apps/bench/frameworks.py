@@ -31,7 +31,7 @@ from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, com
 
 BATCH = 32
 DATASET = 4096
-"""Samples: 128 steps per epoch; the runs cross epochs, as training does."""
+"""Samples: 128 steps per epoch; the runs cross epochs, as training does (``--quick``: 512)."""
 ROUNDS = 3
 """Alternating runs per side of a row."""
 MODES = ("audit", "exact")
@@ -40,15 +40,15 @@ MODES = ("audit", "exact")
 class _Bench:
     """The tiny CNN and its data, shared by every run (torch imported on construction)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         import torch
 
         from ecrl.runtime.trainer.datasets import GeneratedDataset
 
         torch.set_num_threads(1)
-        data = GeneratedDataset(size=DATASET)
+        data = GeneratedDataset(size=size)
         # Items made once: a fetch costs the loader's work and the wrapper's, not generation.
-        self.items = [(data[i][0], data[i][1]) for i in range(DATASET)]
+        self.items = [(data[i][0], data[i][1]) for i in range(size)]
         self.num_classes = data.num_classes
 
     def dataset(self) -> Any:
@@ -231,10 +231,10 @@ def _wrapper_cost(bench: _Bench, batches: int) -> float:
 
     import ecrl
 
-    bare = iter(DataLoader(bench.dataset(), batch_sampler=ecrl.GlobalBatchSampler(DATASET,
-                                                                                 BATCH)))
+    size = len(bench.items)
+    bare = iter(DataLoader(bench.dataset(), batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
     wrapped = iter(DataLoader(ecrl.WithSampleIds(bench.dataset()),
-                              batch_sampler=ecrl.GlobalBatchSampler(DATASET, BATCH)))
+                              batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
     plain, with_ids = [], []
     for _ in range(batches):
         t0 = time.perf_counter()
@@ -254,7 +254,7 @@ RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], st
 
 
 def run(*, quick: bool, progress: Progress) -> BenchResult:
-    bench = _Bench()
+    bench = _Bench(512 if quick else DATASET)
     steps = 12 if quick else 300
     rounds = 1 if quick else ROUNDS
     wrapper = _wrapper_cost(bench, 20 if quick else 400)

@@ -67,6 +67,7 @@ class ECRLTracker:
         self.ids = ids
         self.checkpoints = FrameworkCheckpoints("accelerate")
         self._last: int | None = None
+        self._checked = False
         if sampler is not None:
             if loader is not None:
                 self._check_not_sharded_twice(loader)
@@ -138,7 +139,9 @@ class ECRLTracker:
              cursor_step: int | None = None) -> None:
         """Record optimizer step ``step``: the IDs ``batch`` carried and its loss (audit mode:
         with the loop's own ``epoch`` and ``cursor_step``)."""
-        if self._last is None and self.sampler is not None:
+        if not self._checked and self.sampler is not None:
+            # The first step of the attempt (a resumed one too: load_state set _last).
+            self._checked = True
             # accelerator.prepare(loader) is not told about the tracker: look at what it made.
             for loader in getattr(self.accelerator, "_dataloaders", ()):
                 shard, inner = _inner_batch_sampler(loader)

@@ -11,7 +11,9 @@ launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue):
 - ``on_save_checkpoint``: a checkpoint event at the step the checkpoint captures, so a later
   resume from it is known to rest on a real checkpoint;
 - ``on_load_checkpoint``: the attempt record (``attempt.json``) names the step Lightning resumed
-  from and the SHA-256 of the file it loaded (``Trainer.fit(ckpt_path=...)``).
+  from and the SHA-256 of the file it loaded (``Trainer.fit(ckpt_path=...)``);
+- under ``ecrl launch --fail-at``: the injected failure, as the batch after the step starts (after
+  ``ModelCheckpoint``, which Lightning runs after the other callbacks, saved that step).
 
 Two modes:
 
