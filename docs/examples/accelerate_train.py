@@ -16,12 +16,20 @@ CPU over gloo. ``accelerate launch --cpu`` would start a single process.)
 Exact mode (``--exact``): ECRL's sampler, prepared by ``tracker.prepare`` (not sharded twice), its
 position in Accelerate's checkpoint: the resume continues at the next step's window (also with
 ``accelerate launch --num_processes 1`` after a run on 2).
+
+Under ``ecrl launch`` the script runs as it is (``ecrl launch`` starts it with torchrun, which is
+what ``accelerate launch --multi_gpu`` does: Accelerate takes its process count from torchrun's
+environment); the run directory comes from ``ecrl launch --out``:
+
+    ecrl launch --out runs/acc --world-sizes 2,1 --fail-at 5,9 -- \
+        python docs/examples/accelerate_train.py --exact
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 from pathlib import Path
 
@@ -60,7 +68,8 @@ def latest(folder: Path) -> tuple[Path, int] | None:
 
 def main() -> Accelerator:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--out", default=os.environ.get("ECRL_RUN_DIR"),
+                   help="run directory (under ecrl launch: its --out)")
     p.add_argument("--exact", action="store_true", help="ECRL's sampler (else Accelerate's)")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--dataset-size", type=int, default=64)
@@ -69,16 +78,19 @@ def main() -> Accelerator:
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--fail-at", type=int, default=None)
     args = p.parse_args()
+    if args.out is None:
+        p.error("--out is required (unless ecrl launch --out names the run directory)")
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = nn.Linear(8, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.01 * step))
     data = ecrl.WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
     saves = Path(args.out) / "accelerate"
     found = latest(saves)
     if args.exact:
         sampler = ecrl.GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         tracker = ECRLTracker(accelerator, args.out, steps=args.steps, sampler=sampler)
         loader = tracker.prepare(DataLoader(data, batch_sampler=sampler,
                                             num_workers=args.workers))
@@ -89,7 +101,8 @@ def main() -> Accelerator:
     else:
         loader = DataLoader(data, batch_size=args.batch // accelerator.num_processes,
                             shuffle=True, num_workers=args.workers)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler,
+                                                                  loader)
         tracker = ECRLTracker(accelerator, args.out, loader, steps=args.steps)  # ECRL
         epochs = (0, 0)
         if found is not None:  # Accelerate's documented resume
@@ -102,6 +115,7 @@ def main() -> Accelerator:
         loss = nn.functional.cross_entropy(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad()
         tracker.step(step, batch, loss=loss, epoch=epoch, cursor_step=cursor)  # ECRL
         if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
@@ -131,6 +145,10 @@ def main() -> Accelerator:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(accelerator.unwrap_model(model).state_dict(), Path(args.out) / "final.pt")
+        # The counters Accelerate restores: the LR scheduler's steps (and the loop's own step).
+        (Path(args.out) / "accelerate-final.json").write_text(json.dumps(
+            {"scheduler_steps": scheduler.scheduler.last_epoch,
+             "next_step": tracker.next_step}))
     accelerator.free_memory()  # accelerate's own references to the DDP model and optimizer
     return accelerator
 

@@ -67,7 +67,7 @@ def main() -> None:
                               "sampler": sampler}, log=log, every=10)
     start = ckpt.restore()  # 0, or the step after the checkpoint this attempt resumes from
 
-    for step, (ids, (x, y)) in zip(range(start, args.steps), loader):
+    for step, (ids, (x, y)) in zip(range(start, args.steps), loader, strict=False):
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         # The IDs this batch really carried, logged before the gradients reach the all-reduce.
         log.step(step, sample_ids=ids, loss=loss)

@@ -5,6 +5,10 @@ that resumes the framework's documented way (at world size 2, or 1), then ``ecrl
 
     python docs/examples/frameworks_table.py lightning --out runs/table-lightning
     python docs/examples/frameworks_table.py accelerate --out runs/table-accelerate
+
+Each case prints one JSON line: the verdict, the anomaly counts and the verifier's own lines (for
+a FAIL, each kind's line and its first witness; for a PASS, what it proved). ``--markdown FILE``
+also writes the rows as the table of docs/frameworks.md.
 """
 
 from __future__ import annotations
@@ -45,22 +49,58 @@ def case(framework: str, out: Path, *, exact: bool, where: str, devices: int,
     verdict = subprocess.run([sys.executable, "-m", "verifier.cli", str(out), "--format",
                               "json"], capture_output=True, text=True)
     report = json.loads(verdict.stdout)["runs"][0]
+    text = subprocess.run([sys.executable, "-m", "verifier.cli", str(out)], capture_output=True,
+                          text=True).stdout
     return {"mode": "exact" if exact else "audit", "where": where, "world": f"2→{devices}",
             "workers": workers, "exits": [first.returncode, second.returncode],
             "verdict": report["verdict"], "anomalies": report["anomaly_counts"],
-            "windows_checked": report["windows_checked"]}
+            "windows_checked": report["windows_checked"], "lines": verifier_lines(text)}
+
+
+def verifier_lines(text: str) -> list[str]:
+    """The verifier's own lines that say the verdict: each anomaly kind's line and its first
+    witness (FAIL), or the first thing it proved (PASS)."""
+    lines = text.splitlines()
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("  ✗ "):
+            kept.append(line.strip())
+            if i + 1 < len(lines) and lines[i + 1].startswith("      "):
+                kept.append(lines[i + 1].strip())
+    if not kept:
+        kept = [line.strip() for line in lines if line.startswith("  proved:")][:1]
+    return kept
+
+
+def markdown(framework: str, rows: list[dict[str, object]]) -> str:
+    """The rows as the table of docs/frameworks.md, then each case's verifier lines."""
+    out = ["| framework | mode | resume at | world | workers | verdict | anomalies |",
+           "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        counts = row["anomalies"]
+        assert isinstance(counts, dict)
+        verdict = f"{row['verdict']} ({'windows checked' if row['windows_checked'] else 'audit'})"
+        out.append(f"| {framework} | {row['mode']} | {row['where']} | {row['world']} | "
+                   f"{row['workers']} | {verdict} | "
+                   + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "—") + " |")
+    return "\n".join(out) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("framework", choices=sorted(SCRIPTS))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--markdown", type=Path, help="also write the rows as a markdown table")
     args = p.parse_args()
+    rows = []
     for n, (exact, where, devices, workers) in enumerate(itertools.product(
             (False, True), WHERE, (2, 1), (0, 2))):
         row = case(args.framework, args.out / f"case-{n:02d}", exact=exact, where=where,
                    devices=devices, workers=workers)
+        rows.append(row)
         print(json.dumps(row, ensure_ascii=False), flush=True)
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(args.framework, rows))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def main() -> None:
                              every=4)
     start = ckpt.restore()
 
-    for step, (ids, (x, y)) in zip(range(start, args.steps), loader):
+    for step, (ids, (x, y)) in zip(range(start, args.steps), loader, strict=False):
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()

@@ -9,6 +9,12 @@ Audit mode: Lightning keeps its sampler, its checkpoints and its resume; ECRL pr
 Exact mode (``--exact``): ECRL's sampler, whose position rides in Lightning's checkpoints, so the
 resume continues at the next step's window (also with ``--devices 1`` after a run on 2).
 Lightning's own launcher starts the ranks (2 CPU processes, gloo).
+
+Under ``ecrl launch`` (its torchrun starts the processes; Lightning's device count is taken from
+the environment torchrun sets, and the run directory from ``ecrl launch --out``):
+
+    ecrl launch --out runs/pl --world-sizes 2,1 --fail-at 5,9 -- \
+        python docs/examples/lightning_train.py --exact
 """
 
 from __future__ import annotations
@@ -68,16 +74,22 @@ class FailAfter(pl.Callback):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--out", default=os.environ.get("ECRL_RUN_DIR"),
+                   help="run directory (under ecrl launch: its --out)")
     p.add_argument("--exact", action="store_true", help="ECRL's sampler (else Lightning's)")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--dataset-size", type=int, default=64)
     p.add_argument("--batch", type=int, default=8, help="global batch, over all ranks")
-    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--devices", type=int, default=2, help="processes (without torchrun)")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--fail-at", type=int, default=None)
     args = p.parse_args()
+    if args.out is None:
+        p.error("--out is required (unless ecrl launch --out names the run directory)")
+    # Under torchrun (ecrl launch) the processes exist already: Lightning must be told how many.
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", args.devices))
+    nodes = int(os.environ.get("WORLD_SIZE", devices)) // devices
     torch.manual_seed(0)
     data = ecrl.WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
     if args.exact:
@@ -85,7 +97,7 @@ def main() -> None:
         loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
         ecrl_callback = ECRLCallback(args.out, sampler=sampler)
     else:
-        loader = DataLoader(data, batch_size=args.batch // args.devices, shuffle=True,
+        loader = DataLoader(data, batch_size=args.batch // (devices * nodes), shuffle=True,
                             num_workers=args.workers)
         ecrl_callback = ECRLCallback(args.out)  # ECRL: the step log from Lightning's hooks
     checkpoints = ModelCheckpoint(dirpath=Path(args.out) / "lightning", save_top_k=-1,
@@ -93,7 +105,7 @@ def main() -> None:
     callbacks: list[pl.Callback] = [ecrl_callback, checkpoints]
     if args.fail_at is not None:
         callbacks.append(FailAfter(args.fail_at))
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp",
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, num_nodes=nodes, strategy="ddp",
                          max_steps=args.steps, max_epochs=-1, callbacks=callbacks, logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          deterministic=True)

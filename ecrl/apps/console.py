@@ -192,6 +192,9 @@ def render(event: Event) -> Lines:
             start = 0 if event.resumed_from_step is None else event.resumed_from_step + 1
             target = event.target_steps
             span = f"steps {start}..{target - 1}" if target else f"from step {start}"
+            if event.resumed_from_step is None and event.framework is not None:
+                how = f"resumed by the script from {event.framework}'s own checkpoint"
+                span = f"up to step {target - 1}" if target else "to the end"
             fail_at = list(event.fail_at)
             return [("out", f"[attempt {event.attempt}] world size {event.world_size}, {how}, "
                             f"{span}" + (f", failures at {fail_at}" if fail_at else ""))]

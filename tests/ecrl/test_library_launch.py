@@ -42,6 +42,31 @@ def test_bad_programs_are_one_line(argv: list[str], message: str) -> None:
         normalize_program(argv)
 
 
+@pytest.mark.parametrize(("argv", "launcher", "instead"), [
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "t.py", "--exact"],
+     "accelerate launch", "ecrl launch --nproc 2 -- python t.py --exact"),
+    (["/venv/bin/torchrun", "--nproc-per-node=2", "t.py"], "torchrun",
+     "ecrl launch --nproc 2 -- python t.py"),
+    (["python", "-m", "torch.distributed.run", "--standalone", "t.py", "x"], "torchrun",
+     "ecrl launch --nproc N -- python t.py x"),
+    (["lightning", "run", "model", "t.py"], "lightning run",
+     "ecrl launch --nproc N -- python t.py"),
+    (["fabric", "run", "--devices", "2", "t.py"], "fabric run",
+     "ecrl launch --nproc 2 -- python t.py"),
+])
+def test_a_launcher_inside_ecrl_launch_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], launcher: str,
+        instead: str) -> None:
+    # Under ecrl launch each torchrun rank would start a whole job of its own: a run that ends
+    # "completed", then fails verification. One line, exit 2, the command to write instead.
+    out = tmp_path / "r"
+    assert cli_main(["launch", "--out", str(out), "--world-sizes", "2", "--", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"`{launcher}` starts processes itself" in err and f"`{instead}`" in err, err
+    assert not out.exists()
+
+
 def _supervisor(out: Path, program: tuple[str, ...], node_rank: int = 0,
                 **flags: object) -> LaunchSupervisor:
     config = launch_config({"out": str(out), **flags}, default_out=str(out))

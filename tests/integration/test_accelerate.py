@@ -6,16 +6,20 @@
   ``ecrl-verify`` FAILs the run (the shuffled order of the resumed epoch is drawn again, and the
   skipped batches are those of the new order).
 - Exact mode, ECRL's sampler prepared by ``tracker.prepare``: killed and resumed at 2 processes,
-  bit-identical to the uninterrupted run; finished at 1 process instead, PASS with windows
-  checked. ``accelerator.prepare`` of that loader (which would shard it twice) is refused.
+  bit-identical to the uninterrupted run. ``accelerator.prepare`` of that loader (which would
+  shard it twice) is refused.
+- Exact mode under ``ecrl launch`` (its torchrun starts the processes, Accelerate takes their
+  count from torchrun's environment), two injected failures, world sizes 2→1→1, each resume the
+  script's ``load_state``: PASS with windows checked; the LR scheduler Accelerate restores has
+  stepped once per step (not once per process and step) and the loop's step is ECRL's.
 
 The runs are made once per module, two chains at a time.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -64,9 +68,7 @@ def _audit_and_reference(base: Path) -> None:
 def _exact(base: Path) -> None:
     exact = base / "exact"
     _ok(_launch(exact, "--exact", "--fail-at", str(FAIL_AT)), 1)
-    shutil.copytree(exact, base / "shrunk")  # the same run, finished on 1 process
     _ok(_launch(exact, "--exact"))
-    _ok(_launch(base / "shrunk", "--exact", processes=1))
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +104,42 @@ def test_ecrl_sampler_resumes_accelerate_bit_identically(runs: Path) -> None:
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
-def test_ecrl_sampler_resumes_accelerate_on_another_process_count(runs: Path) -> None:
-    run = runs / "shrunk"
+# Under ecrl launch, the fewest steps that resume once mid-epoch and once at an epoch's end:
+# 16 samples, global batch 4 (4 steps per epoch), 6 steps, save_state after steps 1 and 3;
+# failures after step 2 (resume after 1: epoch 0, cursor 2) and after step 4 (resume after 3:
+# the end of epoch 0).
+LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-every", "2")
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("accelerate-launch") / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    done = subprocess.run(
+        [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
+         "2,1", "--fail-at", "2,4", "--", "python", str(SCRIPT), "--exact", *LAUNCHED],
+        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, done.stdout
+
+
+def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1(
+        launched: tuple[Path, str]) -> None:
+    run, stdout = launched
+    assert "resumed by the script from accelerate's own checkpoint" in stdout, stdout
     result = verify_run(run)
     assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == STEPS
-    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
-    assert (last.world_size, last.resumed_from_step) == (1, FAIL_AT - 1)
+    assert result.windows_checked and result.checked["committed_steps"] == 6
+    assert result.metrics.restarts == 2
+    state = json.loads((run / "supervisor.json").read_text())
+    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
+        (2, None), (1, 1), (1, 3)]
+    assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
+    # Accelerate's restored counter (the LR scheduler's steps) is ECRL's step count, whatever
+    # the process count of the attempts that stepped it, and the loop ended at the run's end.
+    final = json.loads((run / "accelerate-final.json").read_text())
+    assert final == {"scheduler_steps": 6, "next_step": 6}
 
 
 def test_accelerate_prepare_of_ecrls_sampler_is_refused(tmp_path: Path) -> None:

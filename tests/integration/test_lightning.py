@@ -8,7 +8,11 @@
 - Exact mode, ECRL's sampler in a ``DataLoader(batch_sampler=...)`` given to a Trainer with its
   default ``use_distributed_sampler=True`` (no ``TypeError``, no second sharding): killed and
   resumed at world size 2, it ends bit-identical to the uninterrupted run, with Lightning's own
-  global step and epoch right; finished at world size 1 instead, PASS with windows checked.
+  global step and epoch right.
+- Exact mode under ``ecrl launch`` (its torchrun starts the ranks; the script takes Lightning's
+  device count from torchrun's environment), two injected failures, world sizes 2→1→1, each
+  resume Lightning's own ``fit(ckpt_path="last")``: PASS with windows checked, and Lightning's
+  global step and epoch are ECRL's after every resume.
 
 Every launch imports Lightning in two processes: the runs are made once per module, two chains
 at a time.
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -71,11 +74,8 @@ def _exact_and_reference(base: Path) -> None:
     exact = base / "exact"
     killed = _launch(exact, "--exact", "--fail-at", str(FAIL_AT))
     assert killed.returncode == 137, killed.stderr[-3000:]
-    shrunk = base / "shrunk"  # the same run, finished at world size 1
-    shutil.copytree(exact, shrunk)
-    for run, devices in ((exact, 2), (shrunk, 1)):
-        done = _launch(run, "--exact", "--devices", str(devices))
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = _launch(exact, "--exact")
+    assert done.returncode == 0, done.stderr[-3000:]
     done = _launch(base / "reference", "--exact")
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -86,8 +86,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with ThreadPoolExecutor(2) as pool:
         for future in [pool.submit(_audit, base), pool.submit(_exact_and_reference, base)]:
             future.result()
-    return {name: base / name for name in ("audit", "audit-epoch-end", "reference", "exact",
-                                           "shrunk")}
+    return {name: base / name for name in ("audit", "audit-epoch-end", "reference", "exact")}
+
+
+# Under ecrl launch, the fewest steps that resume once mid-epoch and once at an epoch's end:
+# 16 samples, global batch 4 (4 steps per epoch), 6 steps, Lightning checkpoints after steps 1,
+# 3, 5; failures after step 2 (resume after 1: epoch 0, cursor 2) and after step 4 (resume after
+# 3: the end of epoch 0).
+LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-every", "2")
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("lightning-launch") / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "PL_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    done = subprocess.run(
+        [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
+         "2,1", "--fail-at", "2,4", "--", "python", str(SCRIPT), "--exact", *LAUNCHED],
+        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, done.stdout
 
 
 def test_lightnings_own_mid_epoch_resume_fails_the_audit(runs: dict[str, Path]) -> None:
@@ -136,12 +155,24 @@ def test_ecrl_sampler_resumes_lightning_bit_identically(runs: dict[str, Path]) -
     assert final == {"global_step": STEPS, "current_epoch": STEPS // 8}
 
 
-def test_ecrl_sampler_resumes_lightning_at_another_world_size(runs: dict[str, Path]) -> None:
-    run = runs["shrunk"]
+def test_ecrl_launch_drives_lightning_through_two_failures_and_2_to_1(
+        launched: tuple[Path, str]) -> None:
+    run, stdout = launched
+    assert "resumed by the script from lightning's own checkpoint" in stdout, stdout
     result = verify_run(run)
     assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == STEPS
-    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
-    assert (last.world_size, last.resumed_from_step) == (1, FAIL_AT - 1)
+    assert result.windows_checked and result.checked["committed_steps"] == 6
+    assert result.metrics.restarts == 2
+    # supervisor.json names the resumes Lightning made (from attempt.json: the supervisor had no
+    # ECRL checkpoint to choose), at the world sizes of the schedule.
+    state = json.loads((run / "supervisor.json").read_text())
+    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
+        (2, None), (1, 1), (1, 3)]
+    assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
+    assert {p["reason"] for p in state["resume_points"].values()} == {"framework"}
+    # Lightning's counters are ECRL's: every step record is keyed by Lightning's global_step and
+    # checked against the sampler's window of that step (PASS above); at the end, its global
+    # step and epoch are those of the uninterrupted run of the same script (Lightning counts
+    # the epoch that max_steps stopped in, epoch 1 at its step 2, as ended: 2).
     final = json.loads((run / "lightning-final.json").read_text())
-    assert final == {"global_step": STEPS, "current_epoch": STEPS // 8}
+    assert final == {"global_step": 6, "current_epoch": 2}

@@ -22,9 +22,12 @@ BENCHES: dict[str, tuple[str, str]] = {
     "transform": ("ecrl.apps.bench.transform", "transformed training program vs the original"),
     "library": ("ecrl.apps.bench.library",
                 "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
+    "frameworks": ("ecrl.apps.bench.frameworks",
+                   "Lightning and Accelerate step with ECRL's integration vs without"),
 }
 """name -> (module, one-line description)."""
 
-TORCH_BENCHES = frozenset({"sampler", "checkpoint", "recovery", "transform", "library"})
+TORCH_BENCHES = frozenset({"sampler", "checkpoint", "recovery", "transform", "library",
+                           "frameworks"})
 """The benchmarks that train or time torch: without it (``pip install ecrl``) they are refused,
 and ``ecrl bench all`` runs the others."""

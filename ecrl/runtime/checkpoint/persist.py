@@ -310,6 +310,10 @@ def recorded_checkpoints(paths: RunPaths, attested: Iterable[int] = (),
     is unreadable), each read without following a link out of the run and within the line limit
     (``root=paths.root``): a folder planted under ``logs/`` is no evidence that a checkpoint was
     committed, and must not make a forged checkpoint file count.
+
+    A framework's own checkpoint (an event with ``written_by``, which an ECRL integration logs
+    when Lightning or Accelerate saves, :mod:`ecrl.runtime.integrations`) is not one of these: it
+    is no file under ``checkpoints/``, and the framework loads it itself.
     """
     steps = set(attested)
     if attempts is None:
@@ -322,7 +326,8 @@ def recorded_checkpoints(paths: RunPaths, attested: Iterable[int] = (),
         log = paths.checkpoint_log(attempt)
         with contextlib.suppress(RunFormatError, OSError):
             for _, event in JsonlReader(log, CheckpointEvent, torn_tail_ok=True, root=paths.root):
-                steps.add(event.global_step)
+                if not event.extra.get("written_by"):
+                    steps.add(event.global_step)
     return steps
 
 

@@ -5,6 +5,11 @@ format's own files: a checkpoint event (``checkpoint_rank0.jsonl``) when the fra
 that a later attempt's resume from that step is known to rest on a real checkpoint, and the
 attempt record (``attempt.json``) of an attempt that resumed from one, with the SHA-256 of the
 file the framework loaded.
+
+Under ``ecrl launch --fail-at`` the integration also injects the supervisor's failures
+(:class:`InjectedFailures`): the framework's loop has no :class:`ecrl.Checkpointer` to do it, and
+a failure the integration ignored would let the run end "completed" with none of the recoveries
+it was asked to prove.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from typing import Any
 
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter
 from ecrl.runtime._attempt import Attempt, record_attempt
+from ecrl.runtime.failure import inject
 
-__all__ = ["FrameworkCheckpoints", "batch_ids", "file_checksum"]
+__all__ = ["FrameworkCheckpoints", "InjectedFailures", "batch_ids", "file_checksum"]
 
 
 def file_checksum(path: str | os.PathLike[str] | None) -> str | None:
@@ -80,3 +86,35 @@ class FrameworkCheckpoints:
         if self._events is not None:
             self._events.close()
             self._events = None
+
+
+class InjectedFailures:
+    """The failures ``ecrl launch --fail-at`` asked of this attempt (none when standalone).
+
+    A failure "after step s" fires once the step and any checkpoint the framework writes after
+    it are done (:mod:`ecrl.runtime.failure`): the framework's checkpoint hooks run after the
+    step's own hook (Lightning orders its ``ModelCheckpoint`` last; an Accelerate loop calls
+    ``save_state`` after ``tracker.step``), so :meth:`after` only marks it, and :meth:`fire` —
+    when the next step is recorded (Lightning: as it starts) — exits the process like a kill
+    (``os._exit(137)``, with the marker the supervisor reads so that a relaunch does not fire it
+    again)."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        env = attempt.env
+        self.attempt = attempt
+        self.steps = frozenset(env.fail_at) if env is not None else frozenset()
+        self.rank = env.fail_rank if env is not None else 0
+        self._pending: int | None = None
+
+    def after(self, step: int) -> None:
+        if step in self.steps and self.attempt.rank == self.rank:
+            self._pending = int(step)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def fire(self) -> None:
+        if self._pending is not None:
+            inject(self.attempt.paths, attempt=self.attempt.attempt, step=self._pending,
+                   rank=self.rank)

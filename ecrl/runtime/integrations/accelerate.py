@@ -17,7 +17,11 @@ once per optimizer step (the IDs come from the batch, ``ecrl.WithSampleIds``).
   window itself, so Accelerate must not shard it again (its ``BatchSamplerShard`` would give each
   rank every other shard: a loader prepared that way is refused in one line); its position rides
   in Accelerate's checkpoint (the tracker's state), so after ``load_state`` the loop runs from
-  ``tracker.next_step`` (no ``skip_first_batches``), also at another world size.
+  ``tracker.next_step`` (no ``skip_first_batches``), also at another world size. Accelerate
+  steps a prepared LR scheduler once per process at every optimizer step (its global batch
+  grows with the process count); ECRL's global batch does not, so the tracker makes each
+  scheduler prepared before it step once per optimizer step (``split_batches``' rule), and the
+  schedule continues unchanged after a resume at another world size.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from typing import Any
 
 import accelerate
 from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
+from accelerate.scheduler import AcceleratedScheduler
 from torch.utils.data import DataLoader
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, batch_ids
+from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, InjectedFailures, batch_ids
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.steplog import StepLog
 
@@ -62,6 +67,7 @@ class ECRLTracker:
         self.ids = ids
         self.checkpoints = FrameworkCheckpoints("accelerate")
         self._last: int | None = None
+        self._checked = False
         if sampler is not None:
             if loader is not None:
                 self._check_not_sharded_twice(loader)
@@ -81,7 +87,24 @@ class ECRLTracker:
                                   "framework": f"accelerate {accelerate.__version__}"},
                 dataset_size=len(dataset), global_batch=int(batch), steps=steps,
                 **kwargs)
+        self.failures = InjectedFailures(self.log.run)
+        self._one_scheduler_step_per_step()
         accelerator.register_for_checkpointing(self)
+
+    def _one_scheduler_step_per_step(self, *, late: bool = False) -> None:
+        """Exact mode: each scheduler Accelerate prepared steps once per optimizer step."""
+        if self.sampler is None:
+            return
+        for scheduler in getattr(self.accelerator, "_schedulers", ()):
+            if isinstance(scheduler, AcceleratedScheduler) and not scheduler.split_batches:
+                if late and self.accelerator.num_processes > 1:
+                    raise ConfigError(
+                        "an LR scheduler was prepared after ECRLTracker(sampler=…) and has "
+                        f"stepped {self.accelerator.num_processes} times per step (Accelerate's "
+                        "rule for a batch that grows with the processes; ECRL's global batch "
+                        "does not): call accelerator.prepare(scheduler) before creating the "
+                        "tracker")
+                scheduler.split_batches = True
 
     def _check_not_sharded_twice(self, loader: Any) -> None:
         shard, inner = _inner_batch_sampler(loader)
@@ -116,15 +139,27 @@ class ECRLTracker:
              cursor_step: int | None = None) -> None:
         """Record optimizer step ``step``: the IDs ``batch`` carried and its loss (audit mode:
         with the loop's own ``epoch`` and ``cursor_step``)."""
-        if self._last is None and self.sampler is not None:
+        if not self._checked and self.sampler is not None:
+            # The first step of the attempt (a resumed one too: load_state set _last).
+            self._checked = True
             # accelerator.prepare(loader) is not told about the tracker: look at what it made.
             for loader in getattr(self.accelerator, "_dataloaders", ()):
                 shard, inner = _inner_batch_sampler(loader)
                 if shard is not None and inner is self.sampler:
                     self._check_not_sharded_twice(loader)
+            self._one_scheduler_step_per_step(late=True)
+        self.failures.fire()  # a model without a forward hook: at the latest, here
         self.log.step(step, sample_ids=self.ids(batch), loss=loss, epoch=epoch,
                       cursor_step=cursor_step)
         self._last = int(step)
+        self.failures.after(self._last)
+        if self.failures.pending:
+            # ecrl launch --fail-at: after this step and the save_state the loop does after it,
+            # before the next step's collectives: at the next forward of a prepared model (were
+            # it at the next tracker.step, the other ranks would finish that step, and might
+            # save_state without the main process: a checkpoint folder without the model).
+            for model in getattr(self.accelerator, "_models", ()):
+                model.register_forward_pre_hook(lambda *_: self.failures.fire())
 
     # --- Accelerate's checkpoint hook (register_for_checkpointing) -----------------------------
 

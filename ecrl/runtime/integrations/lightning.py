@@ -11,7 +11,9 @@ launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue):
 - ``on_save_checkpoint``: a checkpoint event at the step the checkpoint captures, so a later
   resume from it is known to rest on a real checkpoint;
 - ``on_load_checkpoint``: the attempt record (``attempt.json``) names the step Lightning resumed
-  from and the SHA-256 of the file it loaded (``Trainer.fit(ckpt_path=...)``).
+  from and the SHA-256 of the file it loaded (``Trainer.fit(ckpt_path=...)``);
+- under ``ecrl launch --fail-at``: the injected failure, as the batch after the step starts (after
+  ``ModelCheckpoint``, which Lightning runs after the other callbacks, saved that step).
 
 Two modes:
 
@@ -44,7 +46,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DistributedSampler
 
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, batch_ids
+from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, InjectedFailures, batch_ids
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.steplog import StepLog
 
@@ -78,6 +80,7 @@ class ECRLCallback(pl.Callback):
         self.step_log: StepLog | None = None
         self.checkpoints = FrameworkCheckpoints("lightning")
         self._step: int | None = None
+        self.failures: InjectedFailures | None = None
 
     # --- before training: the loader and the resume -------------------------------------------
 
@@ -111,6 +114,7 @@ class ECRLCallback(pl.Callback):
                 "supported (a step record is one batch per rank); leave it at 1")
         self.step_log = self._open_log(trainer)
         self.checkpoints.record(self.step_log.run)
+        self.failures = InjectedFailures(self.step_log.run)
 
     def _open_log(self, trainer: pl.Trainer) -> StepLog:
         loader = trainer.train_dataloader
@@ -154,6 +158,10 @@ class ECRLCallback(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
+        if self.failures is not None:
+            # ecrl launch --fail-at: after the previous step and its checkpoint (Lightning runs
+            # ModelCheckpoint's on_train_batch_end after ours).
+            self.failures.fire()
         self._step = trainer.global_step
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -166,7 +174,9 @@ class ECRLCallback(pl.Callback):
             self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss)
         else:
             self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss,
-                          epoch=trainer.current_epoch, cursor_step=batch_idx)
+                               epoch=trainer.current_epoch, cursor_step=batch_idx)
+        if self.failures is not None:
+            self.failures.after(self._step)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

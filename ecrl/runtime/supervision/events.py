@@ -95,6 +95,10 @@ class AttemptStarted:
     """0 while unknown (``ecrl launch`` before the script wrote run.json)."""
     fail_at: Sequence[int]
     """The injected failures still to fire."""
+    framework: str | None = None
+    """With no ECRL checkpoint to resume from: the framework (``lightning``, ``accelerate``)
+    whose own checkpoints the script resumes from itself (``ecrl launch`` of a framework's
+    script; the attempt's ``attempt.json`` then says from which step)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

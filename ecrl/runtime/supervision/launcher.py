@@ -36,8 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ecrl.contract.errors import ConfigError
+from ecrl.contract.errors import ConfigError, RunFormatError
 from ecrl.contract.runformat import (
+    AttemptRecord,
+    CheckpointEvent,
+    JsonlReader,
     RunManifest,
     RunPaths,
     SupervisorState,
@@ -65,15 +68,62 @@ _SAME_RUN_KEYS = ("world_sizes", "ckpt_every", "strategy", "fail_at")
 _PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
 
+# Launchers that start processes themselves: under ecrl launch each of torchrun's ranks would
+# start a whole job of its own (W x W processes, each group a run of its own world size), which
+# writes logs that end "completed" and then fail verification. Command (basename, subcommand or
+# None) and module run with `python -m`, each with what it does.
+_LAUNCHERS = {("torchrun", None): "torchrun", ("accelerate", "launch"): "accelerate launch",
+              ("accelerate-launch", None): "accelerate launch",
+              ("lightning", "run"): "lightning run", ("fabric", "run"): "fabric run",
+              ("deepspeed", None): "deepspeed"}
+_LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+                     "accelerate.commands.launch": "accelerate launch",
+                     "accelerate.commands.accelerate_cli": "accelerate launch",
+                     "lightning_fabric.cli": "fabric run", "lightning.fabric.cli": "fabric run",
+                     "deepspeed.launcher.runner": "deepspeed"}
+
+
+_PROCESS_FLAGS = ("--num_processes", "--num-processes", "--nproc-per-node", "--nproc_per_node",
+                  "--devices")
+
+
+def _launcher_refusal(launcher: str, rest: Sequence[str]) -> ConfigError:
+    """The one line for a launcher given as the program, with the command to write instead: the
+    launcher's script and its arguments, its process count as ``--nproc`` (else ``N``)."""
+    at = next((i for i, a in enumerate(rest) if a.endswith(".py")), None)
+    script = " ".join(rest[at:]) if at is not None else "train.py ARGS"
+    nproc = "N"
+    for i, arg in enumerate(rest[:at]):
+        name, _, value = arg.partition("=")
+        if name in _PROCESS_FLAGS:
+            value = value or (rest[i + 1] if i + 1 < len(rest) else "")
+            nproc = value if value.isdigit() else nproc
+    return ConfigError(
+        f"`{launcher}` starts processes itself, and ecrl launch already starts every rank with "
+        f"torchrun: write `ecrl launch --nproc {nproc} -- python {script}` instead (Lightning "
+        "and Accelerate take their process count from torchrun's environment)")
+
+
+def _refuse_launchers(args: Sequence[str]) -> None:
+    """A framework's launcher, or torchrun, as the program: refused before anything starts."""
+    head = os.path.basename(args[0])
+    sub = args[1] if len(args) > 1 else None
+    for (name, needs), what in _LAUNCHERS.items():
+        if head == name and needs in (None, sub):
+            raise _launcher_refusal(what, args[1:])
+
+
 def normalize_program(argv: Sequence[str]) -> tuple[str, ...]:
     """What torchrun runs: ``python train.py A`` → ``train.py A`` (torchrun's own interpreter,
     the one ECRL runs in), ``python -m pkg A`` → ``-m pkg A``, another program → ``--no-python``.
+    A launcher (``torchrun``, ``accelerate launch``, ``fabric run`` …) is refused in one line.
     """
     args = list(argv)
     if args and args[0] == "--":
         args = args[1:]
     if not args:
         return ()
+    _refuse_launchers(args)
     head = args[0]
     if os.path.basename(head) in _PYTHONS or head == sys.executable:
         args = args[1:]
@@ -82,6 +132,8 @@ def normalize_program(argv: Sequence[str]) -> tuple[str, ...]:
         if args[0] == "-m":
             if len(args) < 2:
                 raise ConfigError("ecrl launch: `python -m` needs a module name")
+            if args[1] in _LAUNCHER_MODULES:
+                raise _launcher_refusal(_LAUNCHER_MODULES[args[1]], args[2:])
             return ("-m", *args[1:])
         if args[0].startswith("-"):
             raise ConfigError(f"ecrl launch: python option {args[0]} is not supported: run "
@@ -267,8 +319,47 @@ class LaunchSupervisor(Supervisor):
         self._refresh_manifest()
         return code
 
+    def _framework_checkpoints(self) -> str | None:
+        """The framework that wrote the newest checkpoint the run's logs record, when it was a
+        framework's own (Lightning's, Accelerate's: their integrations log ``written_by``)."""
+        newest: tuple[int, str] | None = None
+        for a in self.state.attempts:
+            try:
+                for _, event in JsonlReader(self.paths.checkpoint_log(a.attempt), CheckpointEvent,
+                                            torn_tail_ok=True, root=self.paths.root):
+                    by = event.extra.get("written_by")
+                    if isinstance(by, str) and (newest is None or event.global_step >= newest[0]):
+                        newest = (event.global_step, by)
+            except (RunFormatError, OSError):
+                continue
+        return None if newest is None else newest[1]
+
+    def _adopt_own_resume(self) -> None:
+        """The attempt just ended resumed from a checkpoint the supervisor did not choose (no
+        ECRL checkpoint: its framework loaded its own, ``fit(ckpt_path="last")``,
+        ``load_state``): its rank 0 recorded which in ``attempt.json``, which ``supervisor.json``
+        then says too, so that the committed lineage rests on the resume that happened."""
+        last = self.state.attempts[-1]
+        if last.resumed_from_step is not None:
+            return
+        try:
+            own = read_json_record(self.paths.attempt_record(last.attempt), AttemptRecord,
+                                   root=self.paths.root)
+        except (RunFormatError, OSError):
+            return
+        if own.resumed_from_step is None:
+            return
+        point = {"global_step": own.resumed_from_step, "checksum": own.resumed_from_checksum,
+                 "reason": "framework"}
+        extra = dict(self.state.extra)
+        extra["resume_points"] = {**extra.get("resume_points", {}), str(last.attempt): point}
+        self.state = replace(self.state, extra=extra, attempts=[
+            *self.state.attempts[:-1], replace(last, resumed_from_step=own.resumed_from_step)])
+        self._save()
+
     def _attempt(self, pointer: Any) -> Outcome:
         outcome = Supervisor._attempt(self, pointer)
+        self._adopt_own_resume()
         target = self.manifest.target_steps
         if (outcome.status == "failed" and outcome.fatal is None and outcome.fired is None
                 and target and outcome.last_step == target - 1):

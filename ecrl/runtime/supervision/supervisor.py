@@ -240,15 +240,22 @@ class Supervisor:
     def _resume_point(self) -> ResumeChoice:
         """Where the next attempt resumes: persist.choose_resume (raises CheckpointError when
         committed progress has no valid checkpoint left; never loads anything)."""
+        # A framework's own resume (ecrl launch of a Lightning or Accelerate script) attests no
+        # checkpoint of ECRL's.
         attested = [int(p["global_step"]) for p in
                     self.state.extra.get("resume_points", {}).values()
-                    if isinstance(p, dict) and isinstance(p.get("global_step"), int)]
+                    if isinstance(p, dict) and isinstance(p.get("global_step"), int)
+                    and p.get("reason") != "framework"]
         geometry = semantics.Geometry(dataset_size=self.manifest.dataset_size,
                                       global_batch=self.manifest.global_batch)
         return choose_resume(
             self.paths, locate=geometry.locate, attested=attested,
             attempts=[a.attempt for a in self.state.attempts],
             restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
+
+    def _framework_checkpoints(self) -> str | None:
+        """The framework whose own checkpoints the script resumes from (``ecrl launch``)."""
+        return None
 
     def _command(self, attempt: int, world: int) -> list[str]:
         return command.torchrun_command(self.config.supervisor, self.paths, attempt, world,
@@ -432,7 +439,9 @@ class Supervisor:
         self._save()
         self._report(AttemptStarted(attempt=attempt, world_size=world,
                                     resumed_from_step=record.resumed_from_step,
-                                    target_steps=self.manifest.target_steps, fail_at=fail_at))
+                                    target_steps=self.manifest.target_steps, fail_at=fail_at,
+                                    framework=None if pointer is not None else
+                                    self._framework_checkpoints()))
         code = self._launch(attempt, world, pointer, fail_at)
         first, last = attempt_steps(self.paths, attempt, world)
         # The target after the launch: `ecrl launch` learns it once the script wrote run.json.

@@ -1,0 +1,312 @@
+"""``ecrl bench frameworks``: what ECRL's Lightning and Accelerate integrations cost a step.
+
+For each framework and mode (audit: the framework's sampler, ECRL's step log from its hooks;
+exact: ECRL's sampler too), the same framework run on the tiny CNN (B=32, one process, CPU, one
+thread) with the integration and without it:
+
+- **the integration's own cost per step**, timed where it is paid: every call ECRL adds to a
+  step (Lightning: ``ECRLCallback``'s batch hooks; Accelerate: ``tracker.step``), plus the ID
+  wrapper's cost per batch (:class:`ecrl.WithSampleIds`, fetched beside the bare data set),
+  against the median step of the run without it — the figure of the ≤ 1% target;
+- **whole steps**: the median time from one step's start to the next's, with the integration and
+  without it, runs alternating (a difference of tens of microseconds on a step of milliseconds
+  is within this row's noise on a loaded machine: it is shown, not targeted).
+
+Both sides of every row run in one process, alternately, so their ratio holds on a loaded
+machine; the absolute figures do not. A framework that is not installed is left out with a note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+
+BATCH = 32
+DATASET = 4096
+"""Samples: 128 steps per epoch; the runs cross epochs, as training does (``--quick``: 512)."""
+ROUNDS = 3
+"""Alternating runs per side of a row."""
+MODES = ("audit", "exact")
+
+
+class _Bench:
+    """The tiny CNN and its data, shared by every run (torch imported on construction)."""
+
+    def __init__(self, size: int) -> None:
+        import torch
+
+        from ecrl.runtime.trainer.datasets import GeneratedDataset
+
+        torch.set_num_threads(1)
+        data = GeneratedDataset(size=size)
+        # Items made once: a fetch costs the loader's work and the wrapper's, not generation.
+        self.items = [(data[i][0], data[i][1]) for i in range(size)]
+        self.num_classes = data.num_classes
+
+    def dataset(self) -> Any:
+        import torch
+
+        items = self.items
+
+        class Items(torch.utils.data.Dataset[tuple[Any, int]]):
+            def __len__(self) -> int:
+                return len(items)
+
+            def __getitem__(self, i: int) -> tuple[Any, int]:
+                return items[i]
+
+        return Items()
+
+    def model(self) -> Any:
+        import torch
+
+        from ecrl.runtime.trainer.models import build_model
+
+        torch.manual_seed(0)
+        return build_model("tiny-cnn", num_classes=self.num_classes, side=32)
+
+
+def _timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
+    """``fn`` whose every call's wall time is appended to ``spent``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    return timed
+
+
+def _steps(starts: list[float]) -> list[float]:
+    """Step times from the steps' start times (the first, which pays start-up, left out)."""
+    return [b - a for a, b in itertools.pairwise(starts[1:])]
+
+
+# --- PyTorch Lightning ------------------------------------------------------------------------
+
+
+def _lightning_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
+                   ) -> tuple[list[float], list[float]]:
+    """One ``Trainer.fit`` of ``steps`` steps: the step times, and the time ECRL's hooks took
+    in each step (empty without ECRL: ``mode`` None)."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    import ecrl
+    from ecrl.integrations.lightning import ECRLCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self, net: Any, with_ids: bool) -> None:
+            super().__init__()
+            self.net = net
+            self.with_ids = with_ids
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch[1] if self.with_ids else batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    starts: list[float] = []
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            starts.append(time.perf_counter())
+
+    hooks: list[float] = []
+    callbacks: list[pl.Callback] = [Clock()]
+    data = bench.dataset()
+    if mode is None:
+        loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True)
+    else:
+        data = ecrl.WithSampleIds(data)
+        if mode == "exact":
+            sampler = ecrl.GlobalBatchSampler(len(data), BATCH, seed=0, steps=steps)
+            loader = DataLoader(data, batch_sampler=sampler)
+            ours = ECRLCallback(run_dir, sampler=sampler)
+        else:
+            loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True)
+            ours = ECRLCallback(run_dir)
+        spent: list[float] = []
+        for name in ("on_train_batch_start", "on_train_batch_end"):
+            setattr(ours, name, _timed(getattr(ours, name), spent))
+        callbacks.append(ours)
+        per_step = hooks
+
+        class Sum(pl.Callback):  # after ECRL's hooks: one total per step
+            def on_train_batch_end(self, *args: Any) -> None:
+                per_step.append(sum(spent))
+                spent.clear()
+
+        callbacks.append(Sum())
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1,
+                         callbacks=callbacks, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(bench.model(), mode is not None), loader)
+    return _steps(starts), hooks
+
+
+# --- HF Accelerate ----------------------------------------------------------------------------
+
+
+def _accelerate_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
+                    ) -> tuple[list[float], list[float]]:
+    """One Accelerate loop of ``steps`` steps: the step times, and ``tracker.step``'s."""
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    import ecrl
+    from ecrl.integrations.accelerate import ECRLTracker
+
+    accelerator = Accelerator(cpu=True)
+    model = bench.model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = bench.dataset()
+    tracker: ECRLTracker | None = None
+    if mode is None:
+        model, optimizer, loader = accelerator.prepare(
+            model, optimizer, DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True))
+    elif mode == "exact":
+        data = ecrl.WithSampleIds(data)
+        sampler = ecrl.GlobalBatchSampler(len(data), BATCH, seed=0, steps=steps)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        tracker = ECRLTracker(accelerator, run_dir, steps=steps, sampler=sampler)
+        loader = tracker.prepare(DataLoader(data, batch_sampler=sampler))
+    else:
+        data = ecrl.WithSampleIds(data)
+        model, optimizer, loader = accelerator.prepare(
+            model, optimizer, DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True))
+        tracker = ECRLTracker(accelerator, run_dir, loader, steps=steps)
+
+    def batches() -> Iterator[Any]:
+        while True:  # epochs, as the loop of the example does
+            yield from loader
+
+    starts: list[float] = []
+    hooks: list[float] = []
+    per_epoch = len(loader)
+    for step, batch in zip(range(steps), batches(), strict=False):
+        starts.append(time.perf_counter())
+        x, y = batch[1] if tracker is not None else batch
+        loss = F.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if tracker is not None:
+            t0 = time.perf_counter()
+            if mode == "exact":
+                tracker.step(step, batch, loss=loss)
+            else:
+                tracker.step(step, batch, loss=loss, epoch=step // per_epoch,
+                             cursor_step=step % per_epoch)
+            hooks.append(time.perf_counter() - t0)
+    starts.append(time.perf_counter())
+    if tracker is not None:
+        tracker.close()
+    accelerator.free_memory()
+    return _steps(starts), hooks
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+def _wrapper_cost(bench: _Bench, batches: int) -> float:
+    """Seconds :class:`ecrl.WithSampleIds` adds to fetching a batch (medians, alternating)."""
+    from torch.utils.data import DataLoader
+
+    import ecrl
+
+    size = len(bench.items)
+    bare = iter(DataLoader(bench.dataset(), batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
+    wrapped = iter(DataLoader(ecrl.WithSampleIds(bench.dataset()),
+                              batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
+    plain, with_ids = [], []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        next(bare)
+        t1 = time.perf_counter()
+        next(wrapped)
+        with_ids.append(time.perf_counter() - t1)
+        plain.append(t1 - t0)
+    return max(0.0, statistics.median(with_ids) - statistics.median(plain))
+
+
+RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], str]] = {
+    "lightning": ("lightning", _lightning_run, "ECRLCallback hooks"),
+    "accelerate": ("accelerate", _accelerate_run, "tracker.step"),
+}
+"""framework -> (module that must be installed, one run, what ECRL adds to a step)."""
+
+
+def run(*, quick: bool, progress: Progress) -> BenchResult:
+    load_before = os.getloadavg()[0]
+    bench = _Bench(512 if quick else DATASET)
+    steps = 12 if quick else 300
+    rounds = 1 if quick else ROUNDS
+    wrapper = _wrapper_cost(bench, 20 if quick else 400)
+    rows: list[BenchRow] = []
+    targets: list[Target] = []
+    notes = [f"one process on CPU, 1 thread; the ID wrapper adds {wrapper * 1e6:.0f} µs per "
+             "batch (median of alternating fetches), counted in each integration's cost"]
+    for framework, (needs, one_run, added) in RUNNERS.items():
+        if importlib.util.find_spec(needs) is None:
+            notes.append(f"{framework}: not installed, left out (pip install the dev extra)")
+            continue
+        version = importlib.import_module(needs).__version__
+        progress(f"{framework} {version}: {rounds} round(s) of {steps} steps, without ECRL "
+                 "and in each mode")
+        times: dict[str | None, list[float]] = {None: [], "audit": [], "exact": []}
+        hooks: dict[str, list[float]] = {"audit": [], "exact": []}
+        with tempfile.TemporaryDirectory(prefix="ecrl-bench-frameworks-") as tmp:
+            for r in range(rounds):
+                for mode in (None, *MODES):
+                    run_dir = Path(tmp) / f"{mode}-{r}"
+                    step_times, hook_times = one_run(bench, mode, steps, run_dir)
+                    times[mode] += step_times
+                    if mode is not None:
+                        hooks[mode] += hook_times
+        base = statistics.median(times[None])
+        for mode in MODES:
+            cost = statistics.median(hooks[mode]) + wrapper
+            whole = statistics.median(times[mode])
+            rows.append(BenchRow(
+                candidate=f"{framework} step + ECRL {mode}", alternative=f"{framework} step",
+                metric=f"seconds per step, tiny CNN, B={BATCH}: ECRL's own calls timed "
+                       "(lower is better)",
+                candidate_value=base + cost, alternative_value=base,
+                note=f"{framework} {version}: ECRL adds {cost * 1e6:.0f} µs per step "
+                     f"({added} {statistics.median(hooks[mode]) * 1e6:.0f} µs, the ID wrapper "
+                     f"{wrapper * 1e6:.0f} µs)"))
+            rows.append(BenchRow(
+                candidate=f"{framework} + ECRL {mode}", alternative=f"{framework}",
+                metric=f"seconds per step, tiny CNN, B={BATCH}: whole steps, median "
+                       "(lower is better)",
+                candidate_value=whole, alternative_value=base,
+                note=f"{len(times[mode])} and {len(times[None])} steps over {rounds} "
+                     "alternating run(s) each"))
+            overhead = cost / base
+            targets.append(Target(
+                description=f"{framework} {mode} mode: ECRL's cost at most 1% of a step",
+                measured=f"{overhead * 100:+.2f}%", met=overhead <= 0.01))
+    notes.append(f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after, on "
+                 f"{os.cpu_count()} CPU cores shared with other jobs: the whole-step rows swing "
+                 "either way from one run to the next at such a load; the targets rest on ECRL's "
+                 "own calls, timed where they are paid")
+    return BenchResult(name="frameworks", command=command_line(), rows=rows, targets=targets,
+                       notes=notes)
