@@ -142,3 +142,27 @@ def writer_crash_run(runs: RunCache, data_root: Path) -> Run:
         "--dataset", "cifar10", "--data-dir", str(data_root / "cifar10"), "--global-batch", "4",
         "--steps", "16", "--ckpt-every", "3", "--world-sizes", "1", "--strategy", "overlapped",
         "--log-ids"], env={"ECRL_CRASH_AT": "latest:before-rename:2:0"}))
+
+
+# tiny-cnn-bn (dropout draws from torch's RNG every step; BatchNorm buffers move in the forward
+# pass), world size 2: test_trajectory.py's runs and test_jit.py's BatchNorm rescues.
+TINY_BN = ["--model", "tiny-cnn-bn", "--dataset-size", "256", "--global-batch", "8", "--steps",
+           "28", "--seed", "5", "--world-sizes", "2", "--ckpt-every", "4", "--max-inflight", "1"]
+
+
+@pytest.fixture(scope="session")
+def bn_reference_run(runs: RunCache) -> Run:
+    """TINY_BN uninterrupted under ``none``."""
+    return _made(runs.get("trajectory-none", [*TINY_BN, "--strategy", "none"]))
+
+
+@pytest.fixture(scope="session")
+def bn_jit_rescued_run(runs: RunCache) -> Run:
+    """TINY_BN under ``jit`` with no periodic checkpoints, three ranks SIGKILLed by
+    ECRL_JIT_KILL: rank 1 in the forward of step 3 (attempt 0), rank 1 just after step 9's
+    update (attempt 1), rank 0 in the forward of step 11 (attempt 2)."""
+    return _made(runs.get("jit-bn-phases", [*TINY_BN, "--strategy", "jit", "--ckpt-every", "0",
+                                            "--max-restarts", "5"],
+                          env={"ECRL_JIT_KILL": "3:forward:1:0,9:post-optimizer:1:1,"
+                                                "11:forward:0:2"}))
+
