@@ -166,3 +166,15 @@ def bn_jit_rescued_run(runs: RunCache) -> Run:
                           env={"ECRL_JIT_KILL": "3:forward:1:0,9:post-optimizer:1:1,"
                                                 "11:forward:0:2"}))
 
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_train.py"
+EXAMPLE_JIT = ["--strategy", "jit", "--world-sizes", "2", "--", "python", str(EXAMPLE),
+               "--steps", "30"]
+
+
+@pytest.fixture(scope="session")
+def example_whole_run(runs: RunCache) -> Run:
+    """docs/examples/ddp_train.py, 30 steps at world size 2 under ``ecrl launch`` (jit),
+    uninterrupted: the twin of test_launch.py's jit rescue and of test_standalone_torchrun.py's
+    plain torchrun runs (the trajectory is the script's, whoever launches it)."""
+    return _made(runs.get("launch-jit-whole", EXAMPLE_JIT, command="launch"))
