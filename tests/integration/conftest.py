@@ -178,3 +178,34 @@ def example_whole_run(runs: RunCache) -> Run:
     uninterrupted: the twin of test_launch.py's jit rescue and of test_standalone_torchrun.py's
     plain torchrun runs (the trajectory is the script's, whoever launches it)."""
     return _made(runs.get("launch-jit-whole", EXAMPLE_JIT, command="launch"))
+
+
+@dataclass(frozen=True)
+class PipedRun:
+    run: Run
+    first_lines: list[str]
+    """What the reader got before it closed its end of ``ecrl run``'s stdout."""
+
+
+def _run_reading_three_lines(directory: Path, args: Sequence[str]) -> PipedRun:
+    """``ecrl run … | head -3``: read three lines of stdout, then close our end of the pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out",
+                             str(directory), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    returncode = proc.wait(timeout=RUN_TIMEOUT_S)
+    return PipedRun(Run(root=directory, returncode=returncode, stdout="".join(lines),
+                        stderr=stderr), lines)
+
+
+@pytest.fixture(scope="session")
+def rank0_killed_piped(runs: RunCache) -> PipedRun:
+    """Overlapped, rank 0 killed right after the checkpoint boundaries of steps 7 and 23, its
+    stdout read by a reader that closed the pipe after three lines (test_pipeline_runs.py and
+    test_supervisor_signals.py)."""
+    return shared(runs, "pipeline-rank0-piped", lambda d: _run_reading_three_lines(d, [
+        *TINY, "--world-sizes", "2", "--strategy", "overlapped", "--fail-at", "7,23",
+        "--fail-rank", "0", "--log-ids"]))
