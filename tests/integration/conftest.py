@@ -142,3 +142,70 @@ def writer_crash_run(runs: RunCache, data_root: Path) -> Run:
         "--dataset", "cifar10", "--data-dir", str(data_root / "cifar10"), "--global-batch", "4",
         "--steps", "16", "--ckpt-every", "3", "--world-sizes", "1", "--strategy", "overlapped",
         "--log-ids"], env={"ECRL_CRASH_AT": "latest:before-rename:2:0"}))
+
+
+# tiny-cnn-bn (dropout draws from torch's RNG every step; BatchNorm buffers move in the forward
+# pass), world size 2: test_trajectory.py's runs and test_jit.py's BatchNorm rescues.
+TINY_BN = ["--model", "tiny-cnn-bn", "--dataset-size", "256", "--global-batch", "8", "--steps",
+           "28", "--seed", "5", "--world-sizes", "2", "--ckpt-every", "4", "--max-inflight", "1"]
+
+
+@pytest.fixture(scope="session")
+def bn_reference_run(runs: RunCache) -> Run:
+    """TINY_BN uninterrupted under ``none``."""
+    return _made(runs.get("trajectory-none", [*TINY_BN, "--strategy", "none"]))
+
+
+@pytest.fixture(scope="session")
+def bn_jit_rescued_run(runs: RunCache) -> Run:
+    """TINY_BN under ``jit`` with no periodic checkpoints, three ranks SIGKILLed by
+    ECRL_JIT_KILL: rank 1 in the forward of step 3 (attempt 0), rank 1 just after step 9's
+    update (attempt 1), rank 0 in the forward of step 11 (attempt 2)."""
+    return _made(runs.get("jit-bn-phases", [*TINY_BN, "--strategy", "jit", "--ckpt-every", "0",
+                                            "--max-restarts", "5"],
+                          env={"ECRL_JIT_KILL": "3:forward:1:0,9:post-optimizer:1:1,"
+                                                "11:forward:0:2"}))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_train.py"
+EXAMPLE_JIT = ["--strategy", "jit", "--world-sizes", "2", "--", "python", str(EXAMPLE),
+               "--steps", "30"]
+
+
+@pytest.fixture(scope="session")
+def example_whole_run(runs: RunCache) -> Run:
+    """docs/examples/ddp_train.py, 30 steps at world size 2 under ``ecrl launch`` (jit),
+    uninterrupted: the twin of test_launch.py's jit rescue and of test_standalone_torchrun.py's
+    plain torchrun runs (the trajectory is the script's, whoever launches it)."""
+    return _made(runs.get("launch-jit-whole", EXAMPLE_JIT, command="launch"))
+
+
+@dataclass(frozen=True)
+class PipedRun:
+    run: Run
+    first_lines: list[str]
+    """What the reader got before it closed its end of ``ecrl run``'s stdout."""
+
+
+def _run_reading_three_lines(directory: Path, args: Sequence[str]) -> PipedRun:
+    """``ecrl run … | head -3``: read three lines of stdout, then close our end of the pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out",
+                             str(directory), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    returncode = proc.wait(timeout=RUN_TIMEOUT_S)
+    return PipedRun(Run(root=directory, returncode=returncode, stdout="".join(lines),
+                        stderr=stderr), lines)
+
+
+@pytest.fixture(scope="session")
+def rank0_killed_piped(runs: RunCache) -> PipedRun:
+    """Overlapped, rank 0 killed right after the checkpoint boundaries of steps 7 and 23, its
+    stdout read by a reader that closed the pipe after three lines (test_pipeline_runs.py and
+    test_supervisor_signals.py)."""
+    return shared(runs, "pipeline-rank0-piped", lambda d: _run_reading_three_lines(d, [
+        *TINY, "--world-sizes", "2", "--strategy", "overlapped", "--fail-at", "7,23",
+        "--fail-rank", "0", "--log-ids"]))

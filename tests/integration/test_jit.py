@@ -20,15 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Run, RunCache, _made
+from conftest import Run, RunCache, _made, shared
 from lineage_check import load_run
 
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
 from ecrl.runtime.checkpoint.jit import logged_through
 
-JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "48", "--seed", "7",
+# conftest's TINY at world size 2 (40 steps): the uninterrupted twin is conftest's reference_run,
+# made once for the session (the strategy does not change the trajectory, test_trajectory.py).
+JIT = ["--dataset-size", "256", "--global-batch", "8", "--steps", "40", "--seed", "7",
        "--world-sizes", "2", "--strategy", "jit"]
-JIT_LONG = [("96" if a == "48" else a) for a in JIT]
+JIT_LONG = [("96" if a == "40" else a) for a in JIT]
 
 
 def _verify(root: Path) -> dict:
@@ -62,8 +64,9 @@ def _same_as(run: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def jit_reference(runs: RunCache) -> Run:
-    return _made(runs.get("jit-reference", [*JIT, "--ckpt-every", "0"]))
+def jit_reference(reference_run: Run) -> Run:
+    """The uninterrupted twin of the 40-step jit runs: the same settings under ``none``."""
+    return reference_run
 
 
 @pytest.fixture(scope="session")
@@ -105,28 +108,22 @@ def test_jit_phases_replay_at_most_one_step_and_match_the_uninterrupted_run(
     assert metrics["replayed_per_failure"] == [1, 1, 1, 1] and metrics["endings"] == {"jit": 4}
 
 
-# ResNet-18 has BatchNorm: its running statistics change in the forward pass, so by the time a
+# tiny-cnn-bn has BatchNorm: its running statistics change in the forward pass, so by the time a
 # survivor saves, the next step's forward has moved them (and DDP broadcast rank 0's into rank 1
 # at that forward's start).
-JIT_BN = ["--model", "resnet18", "--image-size", "16", "--dataset-size", "128",
-          "--global-batch", "8", "--steps", "12", "--seed", "3", "--world-sizes", "2",
-          "--strategy", "jit", "--ckpt-every", "0", "--max-restarts", "5"]
-
-
-def test_jit_rescues_keep_batchnorm_statistics_exact(runs: RunCache) -> None:
-    reference = _made(runs.get("jit-bn-reference", JIT_BN))
+def test_jit_rescues_keep_batchnorm_statistics_exact(bn_jit_rescued_run: Run,
+                                                     bn_reference_run: Run) -> None:
     # Forward of 3 (rank 0 saves its live state of 2, its buffers as step 3's forward found
     # them), after 9's update (rank 0 fails in DDP's broadcast of its buffers at step 10's
     # forward and saves its live state of 9), rank 0 in the forward of 11 (rank 1 saves its
     # live state of 10 with the buffers DDP broadcast from rank 0 at 11's start): each state's
     # running statistics must be those the next step's forward started from (rank 0's), not
     # the ones it left.
-    kills = "3:forward:1:0,9:post-optimizer:1:1,11:forward:0:2"
-    rescued = _made(runs.get("jit-bn-phases", JIT_BN, env={"ECRL_JIT_KILL": kills}))
+    rescued = bn_jit_rescued_run
     state = _state(rescued.root)
     assert [a.resumed_from_step for a in state.attempts] == [None, 2, 9, 10]
     assert [state.extra["endings"][str(a)]["jit"]["rank"] for a in range(3)] == [0, 0, 1]
-    _same_as(rescued.root, reference.root)
+    _same_as(rescued.root, bn_reference_run.root)
     assert _verify(rescued.root)["verdict"] == "PASS"
 
 
@@ -270,29 +267,53 @@ def test_jit_sigkill_of_rank_1_at_ten_random_moments(tmp_path: Path,
                   seed=99)
 
 
-def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
-        tmp_path: Path, jit_reference: Run) -> None:
-    root = tmp_path / "run"
-    proc = _drive(root, [*JIT, "--ckpt-every", "4"], [_kill_at(9, 0.005, (0, 1))])
+def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    root = directory / "run"
+    proc = _drive(root, [*JIT, "--ckpt-every", "4", "--hang-timeout-s", str(HANG_BOUND_S)],
+                  [_kill_at(6, 0.0, (1,), sig=signal.SIGSTOP),
+                   _kill_at(9, 0.005, (0, 1), into_attempt=True)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root, proc
+
+
+@pytest.fixture(scope="session")
+def stopped_then_all_killed(runs: RunCache) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One run (made once for the session) for two endings: rank 1 SIGSTOPped after step 6 of
+    attempt 0 (hung: the survivor's rescue), then in attempt 1 every rank SIGKILLed at once 9
+    steps into it (no survivor: the periodic checkpoints, every 4 steps, are all there is)."""
+    return shared(runs, "jit-hung-then-killed", _stopped_then_all_killed)
+
+
+HANG_BOUND_S = 3.0
+
+
+def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
+        stopped_then_all_killed: tuple[Path, subprocess.CompletedProcess[str]],
+        jit_reference: Run) -> None:
+    root, _ = stopped_then_all_killed
     state = _state(root)
-    assert [a.status for a in state.attempts] == ["failed", "completed"]
-    assert not (RunPaths.of(root).attempt_dir(0) / "jit.json").exists()
-    resumed = state.attempts[1].resumed_from_step
+    assert [a.status for a in state.attempts] == ["hung", "failed", "completed"]
+    assert not (RunPaths.of(root).attempt_dir(1) / "jit.json").exists()
+    resumed = state.attempts[2].resumed_from_step
     assert resumed is not None and (resumed + 1) % 4 == 0  # a periodic checkpoint
+    # of attempt 1 (not attempt 0's rescue, where attempt 1 began)
+    began = state.attempts[1].resumed_from_step
+    assert began is not None and resumed > began
+    taken = {json.loads(line)["global_step"]
+             for line in RunPaths.of(root).checkpoint_log(1).read_text().splitlines()}
+    assert resumed in taken
     _same_as(root, jit_reference.root)
     assert _verify(root)["verdict"] == "PASS"
 
 
 def test_a_stopped_rank_is_detected_as_hung_and_the_run_completes(
-        tmp_path: Path, jit_reference: Run) -> None:
-    root = tmp_path / "run"
-    bound = 3.0
-    proc = _drive(root, [*JIT, "--ckpt-every", "0", "--hang-timeout-s", str(bound)],
-                  [_kill_at(6, 0.0, (1,), sig=signal.SIGSTOP)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+        stopped_then_all_killed: tuple[Path, subprocess.CompletedProcess[str]],
+        jit_reference: Run) -> None:
+    root, proc = stopped_then_all_killed
+    bound = HANG_BOUND_S
     state = _state(root)
-    assert [a.status for a in state.attempts] == ["hung", "completed"]
+    assert [a.status for a in state.attempts][:1] == ["hung"]
+    assert state.attempts[-1].status == "completed"
     ending = state.extra["endings"]["0"]
     assert ending["stopped_ranks"] == [1]
     # once the survivor had saved and gone, the supervisor killed the stopped rank (torchrun's

@@ -129,15 +129,17 @@ def test_ecrl_launch_passes_the_deadline_to_a_users_script(tmp_path: Path) -> No
     API (AttemptEnv.deadline, read by its Checkpointer) and stops before it, checkpoint
     committed."""
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ddp_train.py"
-    # The ranks train flat out until the deadline: a short margin for the start-up (torchrun,
-    # torch, data) keeps that cheap, and a start-up slower than the margin (a loaded machine)
-    # is tried again with twice the margin rather than judged.
+    # The ranks train until the deadline, each step sleeping 50 ms (the example's --step-delay,
+    # a bigger model's step without its CPU): a short margin for the start-up (torchrun, torch,
+    # data) keeps that cheap, and a start-up slower than the margin (a loaded machine) is tried
+    # again with twice the margin rather than judged.
     for margin in (STARTUP_S / 4, STARTUP_S / 2, STARTUP_S):
         root = tmp_path / f"run-{margin:.0f}"
         deadline = time.time() + margin + 3.0
         proc = ecrl("launch", "--out", str(root), "--world-sizes", "2", "--strategy", "blocking",
                     "--ckpt-every", "1000", "--deadline", f"@{deadline:.3f}", "--", "python",
-                    str(example), "--steps", "100000", "--workers", "0")
+                    str(example), "--steps", "100000", "--workers", "0",
+                    "--step-delay", "0.05")
         paths = RunPaths.of(root)
         first = _first_step_time(paths, 0)
         if first is None or first > deadline - 2.0:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RUN_TIMEOUT_S, Run, RunCache, ecrl
+from conftest import EXAMPLE_JIT, RUN_TIMEOUT_S, Run, RunCache, ecrl
 
 pytestmark = pytest.mark.torchrun
 
@@ -170,13 +170,11 @@ def test_ctrl_c_then_launch_again_continues_to_a_verified_end(tmp_path: Path) ->
     assert verify_json(out)["verdict"] == "PASS"
 
 
-def test_jit_rescues_a_loop_not_inside_with_ckpt(runs: RunCache) -> None:
+def test_jit_rescues_a_loop_not_inside_with_ckpt(runs: RunCache, example_whole_run: Run) -> None:
     # docs/examples/ddp_train.py does not wrap its loop in `with ckpt:`: the survivor's rescue
     # comes from the exception hook the jit checkpointer installs, not from __exit__.
-    jit = ["--strategy", "jit", "--world-sizes", "2", "--", "python", str(EXAMPLE),
-           "--steps", "30"]
-    rescued = _made(runs.get("launch-jit", ["--fail-at", "9", *jit], command="launch"))
-    whole = _made(runs.get("launch-jit-whole", jit, command="launch"))
+    rescued = _made(runs.get("launch-jit", ["--fail-at", "9", *EXAMPLE_JIT], command="launch"))
+    whole = example_whole_run
     state = json.loads((rescued.root / "supervisor.json").read_text())
     assert [a["status"] for a in state["attempts"]] == ["jit", "completed"]
     assert state["attempts"][1]["resumed_from_step"] == 9  # nothing replayed

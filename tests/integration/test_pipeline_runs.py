@@ -14,18 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, Run, RunCache, _made
+from conftest import PipedRun, Run, _made
 from lineage_check import check_exactly_once, load_run
 
 pytestmark = pytest.mark.torchrun
 
 
 @pytest.fixture(scope="session")
-def rank0_killed_at_checkpoints(runs: RunCache) -> Run:
-    """Overlapped, rank 0 killed right after the checkpoint boundaries of steps 7 and 23."""
-    return _made(runs.get("pipeline-rank0", [*TINY, "--world-sizes", "2", "--strategy",
-                                             "overlapped", "--fail-at", "7,23", "--fail-rank",
-                                             "0", "--log-ids"]))
+def rank0_killed_at_checkpoints(rank0_killed_piped: PipedRun) -> Run:
+    """Overlapped, rank 0 killed right after the checkpoint boundaries of steps 7 and 23 (its
+    stdout closed after three lines: test_supervisor_signals.py's closed pipe)."""
+    return _made(rank0_killed_piped.run)
 
 
 def _verify(root: Path) -> dict[str, object]:

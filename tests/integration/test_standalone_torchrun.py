@@ -1,7 +1,9 @@
 """docs/examples/ddp_train.py under plain ``torchrun`` (no ``ecrl launch``): killed by SIGKILL at
 two moments and launched again by hand, the run is proved by ``ecrl-verify`` from the attempts'
-own records and ends bit-identical to the uninterrupted run; finished at world size 1 instead, it
-is proved with its windows checked (issue 25, item 1)."""
+own records and ends bit-identical to the uninterrupted run (the script's uninterrupted run at
+world size 2 that test_launch.py makes under ``ecrl launch``: the trajectory is the script's,
+whoever launches it); finished at world size 1 instead, it is proved with its windows checked
+(issue 25, item 1)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RUN_TIMEOUT_S
+from conftest import RUN_TIMEOUT_S, Run
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from ecrl.runtime.supervision.hung import kill_remaining_workers
@@ -82,10 +84,9 @@ def _final(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(out / "final.pt", weights_only=True)
 
 
-def test_a_plain_torchrun_run_killed_twice_is_proved_and_bit_identical(tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    done = _launch(reference, 2)
-    assert done.returncode == 0, done.stderr
+def test_a_plain_torchrun_run_killed_twice_is_proved_and_bit_identical(
+        tmp_path: Path, example_whole_run: Run) -> None:
+    reference = example_whole_run.root
     run = tmp_path / "run"
     _launch_and_kill(run, 2, after_step=13)
     _launch_and_kill(run, 2, after_step=24)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, ecrl
+from conftest import PipedRun, ecrl
 from lineage_check import check_exactly_once, load_run
 
 pytestmark = pytest.mark.torchrun
@@ -51,19 +51,14 @@ def test_sighup_stops_the_run_cleanly_and_it_continues_later(tmp_path: Path) -> 
     check_exactly_once(view)
 
 
-def test_a_closed_stdout_pipe_stops_printing_not_training(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    # `ecrl run … | head -3`: read three lines, then close our end of the pipe.
-    proc = _start(out, *TINY, "--world-sizes", "2", "--strategy", "overlapped",
-                  "--fail-at", "9")
-    assert proc.stdout is not None and proc.stderr is not None
-    lines = [proc.stdout.readline() for _ in range(3)]
-    assert all(lines)
-    proc.stdout.close()
-    stderr = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0, stderr
-    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
-    state = json.loads((out / "supervisor.json").read_text())
+def test_a_closed_stdout_pipe_stops_printing_not_training(rank0_killed_piped: PipedRun) -> None:
+    # `ecrl run … | head -3`: three lines read, then the reader closed its end of the pipe; the
+    # run (test_pipeline_runs.py's: rank 0 killed after steps 7 and 23) went on to its end.
+    run, lines = rank0_killed_piped.run, rank0_killed_piped.first_lines
+    assert len(lines) == 3 and all(lines)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "BrokenPipeError" not in run.stderr
+    state = json.loads((run.root / "supervisor.json").read_text())
     assert state["status"] == "completed"
-    assert [a["status"] for a in state["attempts"]] == ["failed", "completed"]
-    check_exactly_once(load_run(out))
+    assert [a["status"] for a in state["attempts"]] == ["failed", "failed", "completed"]
+    check_exactly_once(load_run(run.root))

@@ -2,8 +2,9 @@
 strategy's.
 
 A model with dropout (draws from torch's RNG every step) and BatchNorm (buffers the forward pass
-moves) trained under ``none``, ``blocking``, ``overlapped`` and ``jit`` gives bit-identical losses
-at every step on every rank and the same final parameters; so does a run interrupted twice and
+moves) trained under ``none``, ``blocking``, ``overlapped`` and ``jit`` (test_jit.py's BatchNorm
+run, rescued three times) gives bit-identical losses at every step on every rank and the same
+final parameters; so does a run interrupted twice and
 continued each time with another strategy (overlapped → jit → blocking), whose ``jit`` attempt
 ends in a rescue.
 """
@@ -14,21 +15,25 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Run, RunCache, _made, ecrl, shared
+from conftest import TINY_BN, Run, RunCache, _made, ecrl, shared
 from lineage_check import load_run
 
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
 
 pytestmark = pytest.mark.torchrun
 
-BN = ["--model", "tiny-cnn-bn", "--dataset-size", "256", "--global-batch", "8", "--steps", "28",
-      "--seed", "5", "--world-sizes", "2", "--ckpt-every", "4", "--max-inflight", "1"]
-STRATEGIES = ("none", "blocking", "overlapped", "jit")
+BN = TINY_BN
+STRATEGIES = ("none", "blocking", "overlapped")
 
 
 @pytest.fixture(scope="module")
-def by_strategy(runs: RunCache) -> dict[str, Run]:
-    return {s: _made(runs.get(f"trajectory-{s}", [*BN, "--strategy", s])) for s in STRATEGIES}
+def by_strategy(runs: RunCache, bn_reference_run: Run, bn_jit_rescued_run: Run
+                ) -> dict[str, Run]:
+    """One run per strategy. The ``jit`` one is test_jit.py's BatchNorm run: ``jit`` in every
+    attempt, three of them ended by a rescue, its committed lineage the whole trajectory."""
+    made = {s: _made(runs.get(f"trajectory-{s}", [*BN, "--strategy", s])) for s in STRATEGIES}
+    assert made["none"] == bn_reference_run
+    return {**made, "jit": bn_jit_rescued_run}
 
 
 def _switched(root: Path) -> Path:
