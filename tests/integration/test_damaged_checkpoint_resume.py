@@ -77,16 +77,16 @@ def test_deleted_latest_json_is_rebuilt_from_the_newest_valid_checkpoint(
     assert "fresh start" not in resumed.stdout
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+# A flipped byte (checksum mismatch) in the newest checkpoint: the same checks on the Ctrl-C'd run
+# of test_elastic_and_crashes (test_ctrl_c_stops_cleanly_then_resume_falls_back_past_corruption_
+# and_completes), whose continuation is needed there anyway.
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_damaged_newest_checkpoint_falls_back_to_the_earlier_one(
         stopped_run: Run, reference_run: Run, tmp_path: Path, damage: str) -> None:
     out = _copy(stopped_run, tmp_path)
     newest = out / "checkpoints" / "step-00000019.ckpt"
     data = bytearray(newest.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 0x01
-        newest.write_bytes(bytes(data))
-    elif damage == "truncate":
+    if damage == "truncate":
         newest.write_bytes(bytes(data[: len(data) // 3]))
     else:
         newest.unlink()

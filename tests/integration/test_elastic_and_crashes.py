@@ -94,10 +94,25 @@ def test_ctrl_c_stops_cleanly_then_resume_falls_back_past_corruption_and_complet
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
     assert "checksum mismatch" in resumed.stderr and "valid earlier checkpoint" in resumed.stderr
+    earlier = latest.global_step - 10
+    # one line naming the damaged checkpoint and the one used (test_damaged_checkpoint_resume
+    # holds a truncated and a deleted newest checkpoint to the same)
+    notes = [line for line in resumed.stderr.splitlines() if "valid earlier checkpoint" in line]
+    assert len(notes) == 1 and latest.path in notes[0], resumed.stderr
+    assert f"step-{earlier:08d}.ckpt (step {earlier})" in notes[0]
     view = load_run(out)
     assert [a.status for a in view.state.attempts] == ["stopped", "completed"]
-    assert view.state.attempts[1].resumed_from_step == latest.global_step - 10
+    assert view.state.attempts[1].resumed_from_step == earlier
+    point = view.state.extra["resume_points"]["1"]
+    assert point["global_step"] == earlier and point["reason"] == "fallback"
+    assert point["path"] == f"step-{earlier:08d}.ckpt" and latest.path in point["problem"]
+    # the pointer was repaired to the checkpoint really loaded, then moved on by the new attempt
+    moved = view.latest()
+    assert moved is not None and moved.global_step > earlier
     check_exactly_once(view)
+    verdict = subprocess.run([sys.executable, "-m", "verifier.cli", str(out)],
+                             capture_output=True, text=True, timeout=300)
+    assert verdict.returncode == 0 and "PASS" in verdict.stdout, verdict.stdout + verdict.stderr
 
 
 def test_resume_with_another_batch_or_seed_is_refused(blocking_run: Run) -> None:
