@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from sessionshare import locked, made_once, session_dir
@@ -187,8 +187,11 @@ class PipedRun:
     """What the reader got before it closed its end of ``ecrl run``'s stdout."""
 
 
-def _run_reading_three_lines(directory: Path, args: Sequence[str]) -> PipedRun:
-    """``ecrl run … | head -3``: read three lines of stdout, then close our end of the pipe."""
+def _run_reading_three_lines(directory: Path, args: Sequence[str]) -> dict[str, Any]:
+    """``ecrl run … | head -3``: read three lines of stdout, then close our end of the pipe.
+
+    Plain values, not a :class:`PipedRun`: ``made_once`` pickles the result, and under ``make
+    test`` another worker's ``conftest`` may be another folder's module, where the class is not."""
     proc = subprocess.Popen([sys.executable, "-m", "ecrl.apps.cli", "run", "--out",
                              str(directory), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -197,8 +200,7 @@ def _run_reading_three_lines(directory: Path, args: Sequence[str]) -> PipedRun:
     proc.stdout.close()
     stderr = proc.stderr.read()
     returncode = proc.wait(timeout=RUN_TIMEOUT_S)
-    return PipedRun(Run(root=directory, returncode=returncode, stdout="".join(lines),
-                        stderr=stderr), lines)
+    return {"root": str(directory), "returncode": returncode, "stderr": stderr, "lines": lines}
 
 
 @pytest.fixture(scope="session")
@@ -206,6 +208,9 @@ def rank0_killed_piped(runs: RunCache) -> PipedRun:
     """Overlapped, rank 0 killed right after the checkpoint boundaries of steps 7 and 23, its
     stdout read by a reader that closed the pipe after three lines (test_pipeline_runs.py and
     test_supervisor_signals.py)."""
-    return shared(runs, "pipeline-rank0-piped", lambda d: _run_reading_three_lines(d, [
+    made = shared(runs, "pipeline-rank0-piped", lambda d: _run_reading_three_lines(d, [
         *TINY, "--world-sizes", "2", "--strategy", "overlapped", "--fail-at", "7,23",
         "--fail-rank", "0", "--log-ids"]))
+    lines = list(made["lines"])
+    return PipedRun(Run(root=Path(made["root"]), returncode=made["returncode"],
+                        stdout="".join(lines), stderr=made["stderr"]), lines)
