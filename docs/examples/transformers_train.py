@@ -11,6 +11,11 @@ checkpoint); ECRL proves what they did.
 Exact mode (``--exact``): ECRL's windows are the Trainer's train sampler, so the Trainer's own
 resume continues at the next step's window (also with ``--nproc-per-node 1`` after a run on 2:
 the per-device batch is the global batch over the world size). 2 CPU processes over gloo.
+Under ``ecrl launch`` (the run directory is the launch's ``--out``; failures come from its
+``--fail-at``, injected by the callback):
+
+    ecrl launch --out runs/hfx --world-sizes 2,2,1 --fail-at 6,8 -- \\
+        python docs/examples/transformers_train.py --exact
 """
 
 from __future__ import annotations
@@ -72,7 +77,8 @@ class FailAfter(TrainerCallback):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--out", default=os.environ.get("ECRL_RUN_DIR"),
+                   help="run directory (under ecrl launch: its --out)")
     p.add_argument("--exact", action="store_true", help="ECRL's sampler (else the Trainer's)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--dataset-size", type=int, default=32)
@@ -81,6 +87,8 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=2)
     p.add_argument("--fail-at", type=int, default=None)
     args = p.parse_args()
+    if args.out is None:
+        p.error("--out is required (outside ecrl launch)")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.manual_seed(0)
     training = TrainingArguments(

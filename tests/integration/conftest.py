@@ -214,3 +214,20 @@ def rank0_killed_piped(runs: RunCache) -> PipedRun:
     lines = list(made["lines"])
     return PipedRun(Run(root=Path(made["root"]), returncode=made["returncode"],
                         stdout="".join(lines), stderr=made["stderr"]), lines)
+
+
+def assert_disagreeing_tp_peers_fail(root: Path, mutant: Path) -> None:
+    """The logs of ``root`` (a run with tensor parallelism) with one tensor-parallel peer
+    consuming another shard (the mutation ``tp_peers_disagree``, written to ``mutant``): FAIL,
+    with a ``tp_peer_mismatch`` witness naming both records."""
+    import random
+
+    from verifier import verify_run
+    from verifier._mutations import apply
+
+    assert apply("tp_peers_disagree", root, mutant, random.Random(0)) is not None
+    result = verify_run(mutant)
+    assert result.verdict == "FAIL"
+    witness = next(a for a in result.anomalies if a.kind == "tp_peer_mismatch")
+    assert witness.file is not None and witness.related
+    assert witness.related[0].rank != witness.rank

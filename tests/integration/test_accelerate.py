@@ -19,7 +19,6 @@ The runs are made once per module, two chains at a time.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -30,28 +29,25 @@ import pytest
 pytest.importorskip("accelerate")
 
 import torch
-from conftest import RUN_TIMEOUT_S
+from framework_runs import ROOT, ecrl_launch, framework_env, run_script
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from verifier import render_text, verify_run
 
 pytestmark = pytest.mark.torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "examples" / "accelerate_train.py"
+PREFIX = "ACCELERATE_"
 STEPS = 24  # 64 samples, global batch 8: 8 steps per epoch, 3 epochs
 FAIL_AT = 12  # checkpoints every 3 steps: the resume starts after step 11 (epoch 1, cursor 3)
 
 
 def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     several = ["--multi_gpu"] if processes > 1 else []  # torchrun; the script asks for the CPU
-    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *several,
-                           "--num_processes", str(processes), "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
-                           "--out", str(out), "--steps", str(STEPS), *args],
-                          capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    return run_script([sys.executable, "-m", "accelerate.commands.launch", *several,
+                       "--num_processes", str(processes), "--num_machines", "1",
+                       "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
+                       "--out", str(out), "--steps", str(STEPS), *args], framework_env(PREFIX))
 
 
 def _ok(done: subprocess.CompletedProcess[str], code: int = 0) -> None:
@@ -113,15 +109,9 @@ LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-ever
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("accelerate-launch") / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    done = subprocess.run(
-        [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
-         "2,1", "--fail-at", "2,4", "--", "python", str(SCRIPT), "--exact", *LAUNCHED],
-        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, done.stdout
+    return ecrl_launch(tmp_path_factory.mktemp("accelerate-launch") / "run",
+                       ["--world-sizes", "2,1", "--fail-at", "2,4"], SCRIPT,
+                       ["--exact", *LAUNCHED], framework_env(PREFIX))
 
 
 def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1(
@@ -163,11 +153,8 @@ for step, batch in zip(range(4), loader):
 """
     script = tmp_path / "prepared_twice.py"
     script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", str(script)], capture_output=True, text=True,
-                          env=env, timeout=RUN_TIMEOUT_S)
+    done = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc-per-node=2", str(script)], framework_env(PREFIX))
     assert done.returncode != 0
     assert "accelerator.prepare(loader) shards ECRL's GlobalBatchSampler a second time" in \
         done.stderr, done.stderr[-3000:]

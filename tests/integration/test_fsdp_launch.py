@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Run, RunCache
+from conftest import Run, RunCache, assert_disagreeing_tp_peers_fail
 
 pytestmark = pytest.mark.torchrun
 
@@ -133,10 +133,8 @@ def test_tensor_parallel_fsdp_run_passes_and_disagreeing_peers_fail(tp_run: Run,
                                                                      tmp_path: Path) -> None:
     """DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2: PASS, the resharded state attested; the
     same logs with one tensor-parallel peer consuming another shard: FAIL with both records."""
-    import random
 
     from verifier import verify_run
-    from verifier._mutations import apply
 
     result = verify_run(tp_run.root)
     assert result.verdict == "PASS" and result.state is not None
@@ -145,12 +143,7 @@ def test_tensor_parallel_fsdp_run_passes_and_disagreeing_peers_fail(tp_run: Run,
                         .splitlines()[0]) for r in (2, 3)]
     assert [(p["dp_rank"], p["tp_rank"]) for p in peers] == [(1, 0), (1, 1)]
     assert peers[0]["sample_ids"] == peers[1]["sample_ids"]
-    outcome = apply("tp_peers_disagree", tp_run.root, tmp_path / "mutant", random.Random(0))
-    assert outcome is not None
-    mutant = verify_run(tmp_path / "mutant")
-    assert mutant.verdict == "FAIL"
-    witness = next(a for a in mutant.anomalies if a.kind == "tp_peer_mismatch")
-    assert witness.file is not None and witness.related and witness.related[0].rank != witness.rank
+    assert_disagreeing_tp_peers_fail(tp_run.root, tmp_path / "mutant")
 
 
 @pytest.mark.slow  # another W = 4 -> 2 launch (about a minute on two cores)

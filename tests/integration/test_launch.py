@@ -146,6 +146,31 @@ def test_an_error_in_the_script_stops_at_once_with_the_workers_real_error(
     assert "DataLoader worker process 0" in done.stderr and "my_collate" in done.stderr
 
 
+LOG_ONLY = """
+import ecrl
+
+sampler = ecrl.GlobalBatchSampler(16, 4, steps=6)
+log = ecrl.StepLog(sampler=sampler, steps=6)
+for step, ids in zip(range(6), sampler):
+    log.step(step, sample_ids=ids)
+log.close()
+"""
+
+
+def test_failures_a_script_never_injects_do_not_end_the_run_0(tmp_path: Path) -> None:
+    """A script with a step log but no Checkpointer (and no framework integration) cannot
+    inject --fail-at: the run completes, and the launch says that nothing it asked was tried
+    (it ended 0 with no recovery at all)."""
+    script = tmp_path / "train.py"
+    script.write_text(LOG_ONLY)
+    done = ecrl("launch", "--out", str(tmp_path / "run"), "--fail-at", "2", "--", "python",
+                str(script))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "--fail-at 2 never fired: the script injects no failures" in done.stderr
+    state = json.loads((tmp_path / "run" / "supervisor.json").read_text())
+    assert state["status"] == "completed" and len(state["attempts"]) == 1
+
+
 def test_ctrl_c_then_launch_again_continues_to_a_verified_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",

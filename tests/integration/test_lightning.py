@@ -21,7 +21,6 @@ at a time.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -32,25 +31,21 @@ import pytest
 pytest.importorskip("lightning")
 
 import torch
-from conftest import RUN_TIMEOUT_S
+from framework_runs import ROOT, ecrl_launch, framework_env, run_script
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from verifier import render_text, verify_run
 
 pytestmark = pytest.mark.torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "examples" / "lightning_train.py"
 STEPS = 24  # 64 samples, global batch 8: 8 steps per epoch, 3 epochs
 FAIL_AT = 12  # checkpoints every 3 steps: the resume starts after step 11 (epoch 1, cursor 3)
 
 
 def _launch(out: Path, *args: str, every: int = 3) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "PL_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--steps",
-                           str(STEPS), "--ckpt-every", str(every), *args], capture_output=True,
-                          text=True, env=env, timeout=RUN_TIMEOUT_S)
+    return run_script([sys.executable, str(SCRIPT), "--out", str(out), "--steps", str(STEPS),
+                       "--ckpt-every", str(every), *args], framework_env("PL_"))
 
 
 def _killed_then_resumed(out: Path, *args: str, devices: int = 2) -> None:
@@ -98,15 +93,9 @@ LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-ever
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("lightning-launch") / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "PL_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    done = subprocess.run(
-        [sys.executable, "-m", "ecrl.apps.cli", "launch", "--out", str(out), "--world-sizes",
-         "2,1", "--fail-at", "2,4", "--", "python", str(SCRIPT), "--exact", *LAUNCHED],
-        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, done.stdout
+    return ecrl_launch(tmp_path_factory.mktemp("lightning-launch") / "run",
+                       ["--world-sizes", "2,1", "--fail-at", "2,4"], SCRIPT,
+                       ["--exact", *LAUNCHED], framework_env("PL_"))
 
 
 def test_lightnings_own_mid_epoch_resume_fails_the_audit(runs: dict[str, Path]) -> None:

@@ -23,12 +23,11 @@ Behind ``slow`` (make test-long; W = 4 -> 2 runs, a minute or more each on two c
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import Run, RunCache
+from conftest import Run, RunCache, assert_disagreeing_tp_peers_fail
 from lineage_check import load_run
 
 pytestmark = pytest.mark.torchrun
@@ -105,8 +104,6 @@ def test_fsdp_with_tensor_parallelism_across_a_data_parallel_change(tp_run: Run,
                                                                       tmp_path: Path) -> None:
     """DP 2 x TP 2 at W = 4, then DP 1 x TP 2 at W = 2: PASS, the resharded state attested;
     the same logs with one tensor-parallel peer consuming another shard: FAIL, both records."""
-    from verifier import verify_run
-    from verifier._mutations import apply
 
     state = json.loads((tp_run.root / "supervisor.json").read_text())
     assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
@@ -122,13 +119,7 @@ def test_fsdp_with_tensor_parallelism_across_a_data_parallel_change(tp_run: Run,
                                                                                (1, 1, 8)]
     assert after[0]["sample_ids"] == after[1]["sample_ids"]
 
-    outcome = apply("tp_peers_disagree", tp_run.root, tmp_path / "mutant", random.Random(0))
-    assert outcome is not None
-    mutant = verify_run(tmp_path / "mutant")
-    assert mutant.verdict == "FAIL"
-    witness = next(a for a in mutant.anomalies if a.kind == "tp_peer_mismatch")
-    assert witness.file is not None and witness.related
-    assert witness.related[0].rank != witness.rank
+    assert_disagreeing_tp_peers_fail(tp_run.root, tmp_path / "mutant")
 
 
 @pytest.mark.slow

@@ -1,19 +1,22 @@
-"""The transformers ``Trainer`` under plain ``torchrun`` (2 CPU ranks, gloo), with
-``ECRLCallback(...).attach(trainer)`` (docs/examples/transformers_train.py, docs/library.md
-"transformers Trainer").
+"""The transformers ``Trainer`` (2 CPU ranks, gloo) with ``ECRLCallback(...).attach(trainer)``
+(docs/examples/transformers_train.py, docs/library.md "transformers Trainer"): audit mode under
+plain ``torchrun``, exact mode under ``ecrl launch``.
 
-32 samples, global batch 8 (4 steps per epoch), 12 steps, checkpoints every 2 steps; every rank
-exits 137 after step 6 (the resume starts after step 5: epoch 1, cursor 2, in the middle of an
-epoch) and again after step 8 (the resume starts after step 7: at the end of epoch 1).
+32 samples, global batch 8 (4 steps per epoch), 12 steps, checkpoints every 2 steps; a failure
+after step 6 (the resume starts after step 5: epoch 1, cursor 2, in the middle of an epoch) and
+again after step 8 (the resume starts after step 7: at the end of epoch 1). Under torchrun every
+rank exits 137 (the script's own crash); under ``ecrl launch --fail-at 6,8`` the callback injects
+them.
 
 - Audit mode, the Trainer's own sampler and its documented resume (``resume_from_checkpoint=
   True``): ``ecrl-verify`` PASSes the run (audit: windows not checked), and ``--same-order``
   against an uninterrupted run (on one rank, which draws the same global windows) finds the
   same window at every step: transformers 5.24 with Accelerate 1.15 gets both resumes right.
-- Exact mode, ECRL's windows as the Trainer's sampler: the same two failures, the second
-  resume at world size 1: PASS with every window checked; the checkpoint written after the
-  first resume at world size 2 is bit-identical to the uninterrupted run's, and the Trainer's
-  own ``global_step`` and epoch are ECRL's.
+- Exact mode, ECRL's windows as the Trainer's sampler, under ``ecrl launch --world-sizes 2,2,1``:
+  the same two failures, injected, the second resume at world size 1, the supervisor resuming
+  from the Trainer's own checkpoints: PASS with every window checked; the checkpoint written
+  after the first resume at world size 2 is bit-identical to the uninterrupted run's, and the
+  Trainer's own ``global_step`` and epoch are ECRL's.
 
 The runs are made once per module, two chains at a time.
 """
@@ -21,7 +24,6 @@ The runs are made once per module, two chains at a time.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from conftest import RUN_TIMEOUT_S
+from framework_runs import ROOT, ecrl_launch, framework_env, run_script
 from safetensors.torch import load_file
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
@@ -40,20 +42,19 @@ from verifier import render_text, verify, verify_run
 
 pytestmark = pytest.mark.torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "examples" / "transformers_train.py"
 STEPS = 12  # 32 samples, global batch 8: 4 steps per epoch, 3 epochs
 FAILS = (6, 8)  # checkpoints every 2 steps: resumes after step 5 (mid-epoch), 7 (epoch's end)
 
 
+def _env() -> dict[str, str]:
+    return framework_env("ACCELERATE_", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+
+
 def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ECRL_", "ACCELERATE_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={processes}", str(SCRIPT), "--out", str(out),
-                           "--steps", str(STEPS), *args],
-                          capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    return run_script([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc-per-node={processes}", str(SCRIPT), "--out", str(out),
+                       "--steps", str(STEPS), *args], _env())
 
 
 def _ok(done: subprocess.CompletedProcess[str], killed: bool = False) -> None:
@@ -63,22 +64,22 @@ def _ok(done: subprocess.CompletedProcess[str], killed: bool = False) -> None:
         assert "exitcode  : 137" in done.stderr, done.stderr[-3000:]
 
 
-def _chain(run: Path, *args: str) -> None:
-    """Killed after step 6 and after step 8 at 2 ranks, finished (exact: at 1 rank)."""
-    _ok(_launch(run, *args, "--fail-at", str(FAILS[0])), killed=True)
-    _ok(_launch(run, *args, "--fail-at", str(FAILS[1])), killed=True)
-    _ok(_launch(run, *args, processes=1 if args else 2))
-
-
 def _audit(base: Path) -> None:
-    _chain(base / "audit")
+    """Killed after step 6 and after step 8 at 2 ranks, then finished."""
+    run = base / "audit"
+    _ok(_launch(run, "--fail-at", str(FAILS[0])), killed=True)
+    _ok(_launch(run, "--fail-at", str(FAILS[1])), killed=True)
+    _ok(_launch(run))
     # Uninterrupted, on one rank: its global windows are those of 2 ranks (the Trainer's
     # sampler draws one order of the data set, and Accelerate deals its batches out in turn).
     _ok(_launch(base / "audit-reference", processes=1))
 
 
 def _exact(base: Path) -> None:
-    _chain(base / "exact", "--exact")
+    _, printed = ecrl_launch(base / "exact", ["--world-sizes", "2,2,1", "--fail-at",
+                                              ",".join(map(str, FAILS))],
+                             SCRIPT, ["--exact", "--steps", str(STEPS)], _env())
+    (base / "exact-launch.txt").write_text(printed)
     _ok(_launch(base / "exact-reference", "--exact"))
 
 
@@ -121,6 +122,14 @@ def test_ecrl_windows_resume_the_trainer_exactly_at_another_world_size(runs: Pat
     assert _resumed_from(run) == [None, FAILS[0] - 1, FAILS[1] - 1]
     last = read_json_record(RunPaths.of(run).attempt_record(2), AttemptRecord)
     assert last.world_size == 1
+    # The failures were injected by the callback, and the supervisor took each resume from the
+    # Trainer's own checkpoint the attempt recorded.
+    assert "resumed by the script from transformers's own checkpoint" in \
+        (runs / "exact-launch.txt").read_text()
+    state = json.loads((run / "supervisor.json").read_text())
+    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
+        (2, None), (2, FAILS[0] - 1), (1, FAILS[1] - 1)]
+    assert [f["global_step"] for f in state["injected_failures"]] == list(FAILS)
     result = verify_run(run)
     assert result.verdict == "PASS", render_text(result)
     assert result.windows_checked and result.checked["committed_steps"] == STEPS

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.apps.bench.library import id_wrapper_cost
 
 BATCH = 32
 DATASET = 4096
@@ -226,27 +227,6 @@ def _accelerate_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
 # --- the benchmark ----------------------------------------------------------------------------
 
 
-def _wrapper_cost(bench: _Bench, batches: int) -> float:
-    """Seconds :class:`ecrl.WithSampleIds` adds to fetching a batch (medians, alternating)."""
-    from torch.utils.data import DataLoader
-
-    import ecrl
-
-    size = len(bench.items)
-    bare = iter(DataLoader(bench.dataset(), batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
-    wrapped = iter(DataLoader(ecrl.WithSampleIds(bench.dataset()),
-                              batch_sampler=ecrl.GlobalBatchSampler(size, BATCH)))
-    plain, with_ids = [], []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        next(bare)
-        t1 = time.perf_counter()
-        next(wrapped)
-        with_ids.append(time.perf_counter() - t1)
-        plain.append(t1 - t0)
-    return max(0.0, statistics.median(with_ids) - statistics.median(plain))
-
-
 RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], str]] = {
     "lightning": ("lightning", _lightning_run, "ECRLCallback hooks"),
     "accelerate": ("accelerate", _accelerate_run, "tracker.step"),
@@ -259,7 +239,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     bench = _Bench(512 if quick else DATASET)
     steps = 12 if quick else 300
     rounds = 1 if quick else ROUNDS
-    wrapper = _wrapper_cost(bench, 20 if quick else 400)
+    wrapper = id_wrapper_cost(bench.dataset(), batch=BATCH, batches=20 if quick else 400)
     rows: list[BenchRow] = []
     targets: list[Target] = []
     notes = [f"one process on CPU, 1 thread; the ID wrapper adds {wrapper * 1e6:.0f} µs per "

@@ -29,6 +29,31 @@ ROUNDS = 5
 """Alternating rounds per sampler and DataLoader setting."""
 
 
+def id_wrapper_cost(dataset: Any, *, batch: int, batches: int) -> float:
+    """Seconds :class:`ecrl.WithSampleIds` adds to fetching a batch of ``dataset`` (a map-style
+    data set whose items are ready, so that a fetch costs the loader's work and the wrapper's):
+    the same batches fetched with and without it, alternating so that both see the same
+    machine, the difference of the medians."""
+    from torch.utils.data import DataLoader
+
+    import ecrl
+
+    size = len(dataset)
+    bare = iter(DataLoader(dataset, batch_sampler=ecrl.GlobalBatchSampler(size, batch)))
+    wrapped = iter(DataLoader(ecrl.WithSampleIds(dataset),
+                              batch_sampler=ecrl.GlobalBatchSampler(size, batch)))
+    plain: list[float] = []
+    with_ids: list[float] = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        next(bare)
+        t1 = time.perf_counter()
+        next(wrapped)
+        with_ids.append(time.perf_counter() - t1)
+        plain.append(t1 - t0)
+    return max(0.0, statistics.median(with_ids) - statistics.median(plain))
+
+
 def _loader_rate(loader: Any, batches: int) -> float:
     """Batches per second over ``batches`` batches (after the first, which pays start-up)."""
     it = iter(loader)
@@ -103,19 +128,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
             return ready[i % len(ready)]
 
-    bare = iter(DataLoader(Ready(), batch_sampler=ecrl.GlobalBatchSampler(DATASET, BATCH)))
-    with_ids = iter(DataLoader(ecrl.WithSampleIds(Ready()),
-                               batch_sampler=ecrl.GlobalBatchSampler(DATASET, BATCH)))
-    fetch_bare: list[float] = []
-    fetch_ids: list[float] = []
-    for _ in range(steps * 4):  # alternating, so that both see the same machine
-        t0 = time.perf_counter()
-        next(bare)
-        t1 = time.perf_counter()
-        next(with_ids)
-        fetch_ids.append(time.perf_counter() - t1)
-        fetch_bare.append(t1 - t0)
-    wrapper = max(0.0, statistics.median(fetch_ids) - statistics.median(fetch_bare))
+    wrapper = id_wrapper_cost(Ready(), batch=BATCH, batches=steps * 4)
     logging_s = statistics.median(logging)
     base = statistics.median(step_times) - wrapper  # the steps fetched through the wrapper
     cost = logging_s + wrapper

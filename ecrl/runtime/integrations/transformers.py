@@ -19,7 +19,9 @@ collation drops the keys its model does not take, so the sample IDs travel anoth
 - ``on_save`` (after the Trainer wrote ``checkpoint-N``): a checkpoint event at step ``N - 1``;
 - ``on_train_begin`` of a resumed attempt (``state.global_step`` restored from the checkpoint's
   ``trainer_state.json``): ``attempt.json`` names the step resumed from and the SHA-256 of that
-  ``trainer_state.json`` when it is the output folder's ``checkpoint-N``.
+  ``trainer_state.json`` when it is the output folder's ``checkpoint-N``;
+- under ``ecrl launch --fail-at``: the injected failure, at ``on_step_begin`` of the step after
+  (the Trainer saves a step's checkpoint after ``on_step_end``).
 
 Two modes:
 
@@ -59,7 +61,7 @@ from transformers.data.data_collator import default_data_collator
 
 from ecrl.contract import semantics
 from ecrl.contract.errors import ConfigError
-from ecrl.runtime.integrations._hooks import FrameworkCheckpoints
+from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, InjectedFailures
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.sample_ids import WithSampleIds
 from ecrl.runtime.sampling.steplog import StepLog
@@ -155,6 +157,7 @@ class ECRLCallback(TrainerCallback):
         self._steplog_kwargs = steplog
         self.step_log: StepLog | None = None
         self.checkpoints = FrameworkCheckpoints("transformers")
+        self.failures: InjectedFailures | None = None
         self._ids: list[int] = []
         self._losses: list[float] = []
         self._hooks: list[Any] = []
@@ -199,6 +202,7 @@ class ECRLCallback(TrainerCallback):
             self.checkpoints.loaded(state.global_step - 1,
                                     self._trainer_state_file(args, state.global_step))
         self.checkpoints.record(self.step_log.run)
+        self.failures = InjectedFailures(self.step_log.run)
         self._hooks = [model.register_forward_pre_hook(self._take_ids, with_kwargs=True),
                        model.register_forward_hook(self._take_loss)]
 
@@ -290,6 +294,13 @@ class ECRLCallback(TrainerCallback):
             # would get epoch 0's windows.
             self.stream.set_epoch(state.global_step // self._steps_per_epoch)
 
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        if self.failures is not None:
+            # ecrl launch --fail-at: after the previous step and the checkpoint the Trainer
+            # saved after its on_step_end, before this step's collectives.
+            self.failures.fire()
+
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
         assert self.step_log is not None
@@ -302,6 +313,8 @@ class ECRLCallback(TrainerCallback):
         else:
             epoch, cursor = divmod(step, self._steps_per_epoch)
             self.step_log.step(step, sample_ids=ids, loss=loss, epoch=epoch, cursor_step=cursor)
+        if self.failures is not None:
+            self.failures.after(step)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:

@@ -509,7 +509,23 @@ class Supervisor:
         self._finish(end.status)
         if end.why == "completed":
             self._report_completed()
+            unfired = self._unfired_failures()
+            if unfired:
+                # The run is complete, but the recoveries asked of it never happened: a run that
+                # was to prove them must not end 0 (a script with no ecrl.Checkpointer and no
+                # framework integration injects nothing).
+                self._report(RunFailed(command=self.name, message=(
+                    f"the run completed, but --fail-at {', '.join(map(str, unfired))} never "
+                    "fired: the script injects no failures (ecrl.Checkpointer and the framework "
+                    "integrations do: docs/library.md), so no recovery was exercised")))
+                return EXIT_FAILED
         return end.exit_code
+
+    def _unfired_failures(self) -> list[int]:
+        """Planned failures the run passed without firing. One after the last step is not among
+        them: a framework's loop has no next step to fire it in."""
+        last = self.manifest.target_steps - 1
+        return [s for s in remaining(self.manifest.fail_at, self._fired()) if s < last]
 
     def _report_completed(self) -> None:
         from ecrl.runtime.supervision.summary import summarize
