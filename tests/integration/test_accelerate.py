@@ -4,7 +4,8 @@
 - Audit mode, the loader prepared by ``accelerator.prepare`` (shuffled), killed in the middle of
   an epoch and resumed as Accelerate's docs show (``load_state`` + ``skip_first_batches``):
   ``ecrl-verify`` FAILs the run (the shuffled order of the resumed epoch is drawn again, and the
-  skipped batches are those of the new order).
+  skipped batches are those of the new order). At an epoch's end (nothing to skip) it FAILs too:
+  the replayed steps compute other losses than the failed attempt did at the same world size.
 - Exact mode, ECRL's sampler prepared by ``tracker.prepare``: killed and resumed at 2 processes,
   bit-identical to the uninterrupted run. ``accelerator.prepare`` of that loader (which would
   shard it twice) is refused.
@@ -65,6 +66,11 @@ def _exact(base: Path) -> None:
     exact = base / "exact"
     _ok(_launch(exact, "--exact", "--fail-at", str(FAIL_AT)), 1)
     _ok(_launch(exact, "--exact"))
+    # The documented resume at an epoch's end: save_state every 8 steps (an epoch), killed
+    # after step 9, resumed after step 7.
+    end = base / "audit-epoch-end"
+    _ok(_launch(end, "--ckpt-every", "8", "--fail-at", "9"), 1)
+    _ok(_launch(end, "--ckpt-every", "8"))
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +93,20 @@ def test_accelerates_documented_resume_fails_the_audit(runs: Path) -> None:
     assert {"duplicate_sample", "missing_sample"} <= {a.kind for a in result.anomalies}
     duplicates = [a for a in result.anomalies if a.kind == "duplicate_sample"]
     assert all(a.epoch == 1 and a.attempt == 1 for a in duplicates)
+
+
+def test_accelerates_documented_resume_at_an_epochs_end_fails_the_audit(runs: Path) -> None:
+    """At an epoch's end Accelerate's documented resume loads no position to skip to, yet the
+    replayed steps compute other losses than the failed attempt did at the same world size
+    (docs/frameworks.md's table): the resumed epoch is not the one the run would have had."""
+    run = runs / "audit-epoch-end"
+    last = read_json_record(RunPaths.of(run).attempt_record(1), AttemptRecord)
+    assert last.resumed_from_step == 7 and last.status == "completed"
+    result = verify_run(run)
+    assert result.verdict == "FAIL", render_text(result)
+    assert not result.windows_checked and result.checked["committed_steps"] == STEPS
+    diverged = [a for a in result.anomalies if a.kind == "replay_divergence"]
+    assert [a.step for a in diverged] == [8, 9], render_text(result)
 
 
 def test_ecrl_sampler_resumes_accelerate_bit_identically(runs: Path) -> None:
