@@ -13,9 +13,13 @@ that did.
 (``--multi_gpu`` starts the processes with torchrun; ``Accelerator(cpu=True)`` keeps them on the
 CPU over gloo. ``accelerate launch --cpu`` would start a single process.)
 
-Exact mode (``--exact``): ECRL's sampler, prepared by ``tracker.prepare`` (not sharded twice), its
-position in Accelerate's checkpoint: the resume continues at the next step's window (also with
-``accelerate launch --num_processes 1`` after a run on 2).
+Exact mode (``--exact``): ECRL's sampler (the tracker turns off Accelerate's sharding of it), its
+position in Accelerate's checkpoint: the same documented resume continues at the next step's
+window (``skip_first_batches`` of the tracked loader skips nothing), also with ``accelerate
+launch --num_processes 1`` after a run on 2.
+
+The tracker hooks the loader (the loop gets batches without their IDs) and
+``accelerator.backward`` (one step record per step): the loop is as it would be without ECRL.
 
 Under ``ecrl launch`` the script runs as it is (``ecrl launch`` starts it with torchrun, which is
 what ``accelerate launch --multi_gpu`` does: Accelerate takes its process count from torchrun's
@@ -38,8 +42,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import ecrl
-from ecrl.integrations.accelerate import ECRLTracker
+from ecrl.integrations.accelerate import ECRLTracker, GlobalBatchSampler, WithSampleIds
 
 
 class Points(Dataset):
@@ -85,62 +88,42 @@ def main() -> Accelerator:
     model = nn.Linear(8, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.01 * step))
-    data = ecrl.WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
+    data = WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
     saves = Path(args.out) / "accelerate"
     found = latest(saves)
+    sampler = None
     if args.exact:
-        sampler = ecrl.GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        tracker = ECRLTracker(accelerator, args.out, steps=args.steps, sampler=sampler)
-        loader = tracker.prepare(DataLoader(data, batch_sampler=sampler,
-                                            num_workers=args.workers))
-        if found is not None:
-            accelerator.load_state(str(found[0]))
-        batches = zip(range(tracker.next_step, args.steps), loader, strict=False)
-        epochs = None
+        sampler = GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
+        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
     else:
         loader = DataLoader(data, batch_size=args.batch // accelerator.num_processes,
                             shuffle=True, num_workers=args.workers)
-        model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler,
-                                                                  loader)
-        tracker = ECRLTracker(accelerator, args.out, loader, steps=args.steps)  # ECRL
-        epochs = (0, 0)
-        if found is not None:  # Accelerate's documented resume
-            accelerator.load_state(str(found[0]))
-            epochs = divmod(found[1], len(loader))
-        batches = None
-
-    def train(step: int, batch: tuple, epoch: int | None, cursor: int | None) -> None:
-        _ids, (x, y) = batch
-        loss = nn.functional.cross_entropy(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        tracker.step(step, batch, loss=loss, epoch=epoch, cursor_step=cursor)  # ECRL
-        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
-            accelerator.save_state(str(saves / f"step_{step + 1}"))
-        if step == args.fail_at:
-            os._exit(137)
-
-    if batches is not None:
-        for step, batch in batches:
-            train(step, batch, None, None)
-    else:
-        assert epochs is not None
-        starting_epoch, resume_step = epochs
-        step = starting_epoch * len(loader) + resume_step
-        epoch = starting_epoch
-        while step < args.steps:
-            active = accelerator.skip_first_batches(loader, resume_step) \
-                if epoch == starting_epoch and resume_step else loader
-            first = resume_step if epoch == starting_epoch else 0
-            for cursor, batch in enumerate(active, start=first):
-                train(step, batch, epoch, cursor)
-                step += 1
-                if step == args.steps:
-                    break
-            epoch += 1
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    tracker = ECRLTracker(accelerator, args.out, loader, steps=args.steps, sampler=sampler)  # ECRL
+    starting_epoch, resume_step = 0, 0
+    if found is not None:  # Accelerate's documented resume
+        accelerator.load_state(str(found[0]))
+        starting_epoch, resume_step = divmod(found[1], len(loader))
+    step = starting_epoch * len(loader) + resume_step
+    epoch = starting_epoch
+    while step < args.steps:
+        active = accelerator.skip_first_batches(loader, resume_step) \
+            if epoch == starting_epoch and resume_step else loader
+        for batch in active:
+            x, y = batch
+            loss = nn.functional.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            if step % args.ckpt_every == 0 and step < args.steps:
+                accelerator.save_state(str(saves / f"step_{step}"))
+            if step - 1 == args.fail_at:
+                os._exit(137)
+            if step == args.steps:
+                break
+        epoch += 1
     tracker.close()
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

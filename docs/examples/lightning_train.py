@@ -30,8 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import ecrl
-from ecrl.integrations.lightning import ECRLCallback
+from ecrl.integrations.lightning import ECRLCallback, GlobalBatchSampler, WithSampleIds
 
 
 class Points(Dataset):
@@ -54,7 +53,7 @@ class Classifier(pl.LightningModule):
         self.net = nn.Linear(8, 2)
 
     def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
-        _ids, (x, y) = batch  # ECRL: the batch carries its sample IDs first
+        x, y = batch  # as without ECRL: the callback takes the sample IDs off the batch
         return nn.functional.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -91,9 +90,9 @@ def main() -> None:
     devices = int(os.environ.get("LOCAL_WORLD_SIZE", args.devices))
     nodes = int(os.environ.get("WORLD_SIZE", devices)) // devices
     torch.manual_seed(0)
-    data = ecrl.WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
+    data = WithSampleIds(Points(args.dataset_size))  # ECRL: the IDs travel with the data
     if args.exact:
-        sampler = ecrl.GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
+        sampler = GlobalBatchSampler(len(data), args.batch, seed=0, steps=args.steps)
         loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
         ecrl_callback = ECRLCallback(args.out, sampler=sampler)
     else:

@@ -32,8 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-import ecrl
-from ecrl.integrations.transformers import ECRLCallback
+from ecrl.integrations.transformers import ECRLCallback, GlobalBatchSampler
 
 
 class Points(Dataset):
@@ -98,7 +97,7 @@ def main() -> None:
         ddp_backend="gloo", dataloader_num_workers=args.workers, seed=0)
     trainer = Trainer(model=Classifier(), args=training, train_dataset=Points(args.dataset_size))
     if args.exact:
-        sampler = ecrl.GlobalBatchSampler(args.dataset_size, args.batch, seed=0, steps=args.steps)
+        sampler = GlobalBatchSampler(args.dataset_size, args.batch, seed=0, steps=args.steps)
         ECRLCallback(args.out, sampler=sampler).attach(trainer)  # ECRL: its windows
     else:
         ECRLCallback(args.out).attach(trainer)  # ECRL: the step log from the Trainer's hooks

@@ -1,5 +1,6 @@
-"""HF Accelerate: ``ECRLTracker`` (:mod:`ecrl.runtime.integrations.accelerate`)."""
+"""HF Accelerate: ``ECRLTracker`` (:mod:`ecrl.runtime.integrations.accelerate`), with
+``WithSampleIds`` and ``GlobalBatchSampler`` (one import line adopts ECRL)."""
 
-from ecrl.runtime.integrations.accelerate import ECRLTracker
+from ecrl.runtime.integrations.accelerate import ECRLTracker, GlobalBatchSampler, WithSampleIds
 
-__all__ = ["ECRLTracker"]
+__all__ = ["ECRLTracker", "GlobalBatchSampler", "WithSampleIds"]

@@ -1,5 +1,10 @@
-"""transformers ``Trainer``: ``ECRLCallback`` (:mod:`ecrl.runtime.integrations.transformers`)."""
+"""transformers ``Trainer``: ``ECRLCallback`` (:mod:`ecrl.runtime.integrations.transformers`),
+with ``GlobalBatchSampler`` (one import line adopts ECRL)."""
 
-from ecrl.runtime.integrations.transformers import ECRLCallback, SampleIdCollator
+from ecrl.runtime.integrations.transformers import (
+    ECRLCallback,
+    GlobalBatchSampler,
+    SampleIdCollator,
+)
 
-__all__ = ["ECRLCallback", "SampleIdCollator"]
+__all__ = ["ECRLCallback", "GlobalBatchSampler", "SampleIdCollator"]

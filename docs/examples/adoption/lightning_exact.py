@@ -9,8 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import ecrl
-from ecrl.integrations.lightning import ECRLCallback
+from ecrl.integrations.lightning import ECRLCallback, GlobalBatchSampler, WithSampleIds
 
 
 class Classifier(pl.LightningModule):
@@ -19,7 +18,7 @@ class Classifier(pl.LightningModule):
         self.net = nn.Linear(8, 2)
 
     def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
-        _ids, (x, y) = batch
+        x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -29,8 +28,8 @@ class Classifier(pl.LightningModule):
 def main(out: str, steps: int = 24) -> None:
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
     data = TensorDataset(x, (x.sum(dim=1) > 0).long())
-    data = ecrl.WithSampleIds(data)
-    sampler = ecrl.GlobalBatchSampler(len(data), 8, seed=0, steps=steps)
+    data = WithSampleIds(data)
+    sampler = GlobalBatchSampler(len(data), 8, seed=0, steps=steps)
     loader = DataLoader(data, batch_sampler=sampler)
     checkpoints = ModelCheckpoint(dirpath=f"{out}/lightning", every_n_train_steps=3,
                                   save_last=True)

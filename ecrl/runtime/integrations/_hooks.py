@@ -94,8 +94,9 @@ class InjectedFailures:
     A failure "after step s" fires once the step and any checkpoint the framework writes after
     it are done (:mod:`ecrl.runtime.failure`): the framework's checkpoint hooks run after the
     step's own hook (Lightning orders its ``ModelCheckpoint`` last; an Accelerate loop calls
-    ``save_state`` after ``tracker.step``), so :meth:`after` only marks it, and :meth:`fire` —
-    when the next step is recorded (Lightning: as it starts) — exits the process like a kill
+    ``save_state`` after the step's ``backward``), so :meth:`after` only marks it, and
+    :meth:`fire` — as the next step starts (Lightning: its batch hook; Accelerate: the loop
+    asking for the next batch; the Trainer: ``on_step_begin``) — exits the process like a kill
     (``os._exit(137)``, with the marker the supervisor reads so that a relaunch does not fire it
     again)."""
 

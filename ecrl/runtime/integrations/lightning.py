@@ -2,12 +2,19 @@
 
 ``ECRLCallback(run_dir)`` in ``Trainer(callbacks=[...])`` and the data set wrapped in
 :class:`ecrl.WithSampleIds` make a Lightning script write a verifiable run directory, whatever
-launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue):
+launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue). Nothing else in the
+script changes (three lines: the import, the wrapper, the callback):
 
 - ``on_train_batch_start``/``on_train_batch_end``: one step record per optimizer step, with the
   IDs the batch carried (``batch[0]``) and the loss; the global step is Lightning's
   ``trainer.global_step`` before the step, the epoch and cursor Lightning's epoch and
   ``batch_idx``;
+- ``training_step`` gets the batch without its IDs, as it would without ECRL: at ``setup`` the
+  callback wraps the module's ``training_step`` (on that instance, undone at ``teardown``) to
+  take the IDs off a :class:`~ecrl.runtime.sampling.sample_ids.SampleIdPair` batch. A callback
+  cannot change the batch Lightning hands the step, and the IDs must travel inside the batch
+  (collation runs in the loader's workers). ``ECRLCallback(..., keep_ids=True)`` leaves them
+  on;
 - ``on_save_checkpoint``: a checkpoint event at the step the checkpoint captures, so a later
   resume from it is known to rest on a real checkpoint;
 - ``on_load_checkpoint``: the attempt record (``attempt.json``) names the step Lightning resumed
@@ -38,6 +45,7 @@ training loaders, ``pytorch_lightning`` (the standalone package: this subclasses
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -48,9 +56,26 @@ from torch.utils.data import DistributedSampler
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.integrations._hooks import FrameworkCheckpoints, InjectedFailures, batch_ids
 from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
+from ecrl.runtime.sampling.sample_ids import SampleIdPair, WithSampleIds
 from ecrl.runtime.sampling.steplog import StepLog
 
-__all__ = ["ECRLCallback"]
+# WithSampleIds and GlobalBatchSampler here too: a script adopts ECRL with one import line.
+__all__ = ["ECRLCallback", "GlobalBatchSampler", "WithSampleIds"]
+
+
+def _without_ids(training_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``training_step`` handed the batch without the IDs :class:`WithSampleIds` put on it."""
+
+    @functools.wraps(training_step)
+    def training_step_without_ids(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], SampleIdPair):
+            args = (args[0].item, *args[1:])
+        elif isinstance(kwargs.get("batch"), SampleIdPair):
+            kwargs["batch"] = kwargs["batch"].item
+        return training_step(*args, **kwargs)
+
+    training_step_without_ids.ecrl_strips_ids = True  # type: ignore[attr-defined]
+    return training_step_without_ids
 
 
 class ECRLCallback(pl.Callback):
@@ -60,12 +85,14 @@ class ECRLCallback(pl.Callback):
     :class:`ecrl.GlobalBatchSampler` of the training loader (exact mode); None keeps Lightning's
     sampler (audit mode). ``ids``: how to find the sample IDs in a batch (default: ``batch[0]``,
     what :class:`ecrl.WithSampleIds` gives). Other keyword arguments go to :class:`ecrl.StepLog`
-    (``log_ids``, ``model``, ``dataset``, ``epoch_coverage`` …).
+    (``log_ids``, ``model``, ``dataset``, ``epoch_coverage`` …). ``keep_ids``: ``training_step``
+    gets the batch with its IDs, ``(ids, batch)`` (default: without them).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  sampler: GlobalBatchSampler | None = None,
-                 ids: Callable[[Any], Any] = batch_ids, **steplog: Any) -> None:
+                 ids: Callable[[Any], Any] = batch_ids, keep_ids: bool = False,
+                 **steplog: Any) -> None:
         super().__init__()
         if sampler is not None and not isinstance(sampler, GlobalBatchSampler):
             raise ConfigError(f"ECRLCallback(sampler=…) takes an ecrl.GlobalBatchSampler, got "
@@ -76,6 +103,8 @@ class ECRLCallback(pl.Callback):
         self.run_dir = run_dir
         self.sampler: GlobalBatchSampler | None = sampler
         self.ids = ids
+        self.keep_ids = keep_ids
+        self._instance_step: Any = None
         self._steplog_kwargs = steplog
         self.step_log: StepLog | None = None
         self.checkpoints = FrameworkCheckpoints("lightning")
@@ -85,10 +114,24 @@ class ECRLCallback(pl.Callback):
     # --- before training: the loader and the resume -------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.sampler is not None and stage == "fit":
+        if stage != "fit":
+            return
+        if self.sampler is not None:
             # Lightning would rebuild the batch sampler around a DistributedSampler of its own:
             # ECRL's sampler shards each window itself. (Validation loaders then keep theirs.)
             trainer._accelerator_connector.use_distributed_sampler = False
+        if not self.keep_ids and not getattr(pl_module.training_step, "ecrl_strips_ids", False):
+            self._instance_step = vars(pl_module).get("training_step")
+            pl_module.training_step = _without_ids(pl_module.training_step)  # type: ignore[method-assign]
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or not getattr(vars(pl_module).get("training_step"),
+                                         "ecrl_strips_ids", False):
+            return
+        if self._instance_step is None:
+            del pl_module.training_step  # the class's method again
+        else:
+            pl_module.training_step = self._instance_step  # type: ignore[method-assign]
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.sampler is None else {"sampler": self.sampler.state_dict()}

@@ -66,7 +66,8 @@ from ecrl.runtime.sampling.batch_sampler import GlobalBatchSampler
 from ecrl.runtime.sampling.sample_ids import WithSampleIds
 from ecrl.runtime.sampling.steplog import StepLog
 
-__all__ = ["IDS_KEY", "ECRLCallback", "SampleIdCollator"]
+# GlobalBatchSampler here too: a script adopts exact mode with one import line.
+__all__ = ["IDS_KEY", "ECRLCallback", "GlobalBatchSampler", "SampleIdCollator"]
 
 IDS_KEY = "ecrl_sample_ids"
 """The batch key that carries the sample IDs from the collator to the model's forward."""

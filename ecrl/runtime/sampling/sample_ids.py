@@ -9,22 +9,36 @@ construction, and a loader that loses, repeats or reorders data would go unnotic
 A loader with a ``collate_fn`` of its own would hand it ``(id, item)`` pairs it does not expect:
 ``collate_fn=WithSampleIds.collate(my_collate)`` gives it the items and puts the IDs beside its
 result, ``(ids, my_collate(items))``.
+
+Items and batches are :class:`SampleIdPair` s, tuples that unpack as ``ids, batch`` and that the
+framework integrations recognise by their type: Lightning's ``ECRLCallback`` takes the IDs off
+before ``training_step`` sees the batch (a plain ``(ids, batch)`` tuple of the user's own could
+not be told apart from a batch of two tensors). The default collation keeps the type (it collates
+a named tuple field by field), so do Lightning's and Accelerate's moves to the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["WithSampleIds"]
+__all__ = ["SampleIdPair", "WithSampleIds"]
 
 T = TypeVar("T")
 
 
-class WithSampleIds(Dataset[tuple[int, T]], Generic[T]):
+class SampleIdPair(NamedTuple, Generic[T]):
+    """An item ``(sample_id, item)`` of :class:`WithSampleIds`, or a batch of them collated:
+    ``(ids, batch)``, ``ids`` a ``LongTensor`` in batch order."""
+
+    sample_id: Any
+    item: T
+
+
+class WithSampleIds(Dataset[SampleIdPair[T]], Generic[T]):
     """``(sample_id, item)`` for every item of ``dataset`` (a map-style dataset)."""
 
     def __init__(self, dataset: Any) -> None:
@@ -33,16 +47,16 @@ class WithSampleIds(Dataset[tuple[int, T]], Generic[T]):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[int, T]:
-        return int(index), self.dataset[index]
+    def __getitem__(self, index: int) -> SampleIdPair[T]:
+        return SampleIdPair(int(index), self.dataset[index])
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[int, T]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[SampleIdPair[T]]:
         # torch's fetcher calls this for a whole batch when it exists: keep the wrapped data
         # set's own batched read if it has one.
         getitems = getattr(self.dataset, "__getitems__", None)
         items = getitems(list(indices)) if getitems is not None else [
             self.dataset[i] for i in indices]
-        return [(int(i), item) for i, item in zip(indices, items, strict=True)]
+        return [SampleIdPair(int(i), item) for i, item in zip(indices, items, strict=True)]
 
     @staticmethod
     def collate(collate_fn: Callable[[list[Any]], Any]) -> Callable[[list[tuple[int, Any]]], Any]:
@@ -68,6 +82,6 @@ class _CollateWithIds:
     def __init__(self, collate_fn: Callable[[list[Any]], Any]) -> None:
         self.collate_fn = collate_fn
 
-    def __call__(self, batch: list[tuple[int, Any]]) -> tuple[torch.Tensor, Any]:
+    def __call__(self, batch: list[tuple[int, Any]]) -> SampleIdPair[Any]:
         ids = torch.tensor([pair[0] for pair in batch], dtype=torch.long)
-        return ids, self.collate_fn([pair[1] for pair in batch])
+        return SampleIdPair(ids, self.collate_fn([pair[1] for pair in batch]))
