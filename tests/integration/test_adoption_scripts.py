@@ -10,6 +10,7 @@ import json
 import pytest
 from framework_runs import ROOT, ecrl_launch, framework_env
 
+from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from verifier import render_text, verify_run
 
 pytestmark = pytest.mark.torchrun
@@ -35,3 +36,7 @@ def test_the_exact_adoption_passes_through_two_failures(tmp_path_factory: pytest
     # 3 steps: after steps 5 and 14).
     assert [a["resumed_from_step"] for a in state["attempts"]] == [None, 5, 14]
     assert [f["global_step"] for f in state["injected_failures"]] == [7, 16]
+    # The last attempt recorded itself completed, though the script never closes the step log
+    # (the integration does, at the end of fit / at the process's exit).
+    last = read_json_record(RunPaths.of(run).attempt_record(2), AttemptRecord)
+    assert last.status == "completed"

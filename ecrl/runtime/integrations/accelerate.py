@@ -17,8 +17,9 @@ calls, on that one ``Accelerator`` and loader:
 - ``accelerator.register_for_checkpointing(tracker)``: each ``save_state`` leaves a checkpoint
   event at the last step recorded, and each ``load_state`` records (``attempt.json``) which step
   the attempt resumed from, before its first step record;
-- at the process's exit (``atexit``; ``tracker.close()`` does it earlier): the attempt is
-  recorded as completed once it recorded the run's last step (a killed process records nothing);
+- at the process's exit (a ``weakref.finalize``; ``tracker.close()`` does it earlier): the
+  attempt is recorded as completed once it recorded the run's last step (a killed process
+  records nothing);
 - under ``ecrl launch --fail-at``: the injected failure, when the loop asks for the next batch
   (after the step and the ``save_state`` the loop does after it, before the next step's
   collectives).
@@ -44,8 +45,8 @@ Two modes:
 
 from __future__ import annotations
 
-import atexit
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,6 +87,11 @@ def _tracked_class(base: type) -> type:
 
         _TRACKED[base] = type(f"Tracked{base.__name__}", (base,), {"__iter__": __iter__})
     return _TRACKED[base]
+
+
+def _close_log(checkpoints: FrameworkCheckpoints, log: StepLog) -> None:
+    checkpoints.close()
+    log.close()
 
 
 class ECRLTracker:
@@ -146,7 +152,10 @@ class ECRLTracker:
         self._track(loader)
         self._hook_accelerator()
         accelerator.register_for_checkpointing(self)
-        atexit.register(self.close)
+        # At exit, or when the tracker is collected with its Accelerator: a finalizer holds the
+        # log, not the tracker (an atexit hook would keep the Accelerator and its DDP model alive
+        # until the interpreter's end).
+        self._closer = weakref.finalize(self, _close_log, self.checkpoints, self.log)
 
     # --- what the tracker hooks ---------------------------------------------------------------
 
@@ -266,6 +275,6 @@ class ECRLTracker:
             self.checkpoints.record(self.log.run)
 
     def close(self) -> None:
-        """After the loop: the attempt is recorded as completed once it logged the last step."""
-        self.checkpoints.close()
-        self.log.close()
+        """After the loop (or at exit, by itself): the attempt is recorded as completed once
+        it logged the run's last step."""
+        self._closer()
