@@ -44,6 +44,8 @@ def adoption(framework: str, mode: str) -> tuple[int, int, int]:
     ("lightning", "exact", (3, 2, 0)),
     ("accelerate", "audit", (2, 1, 0)),
     ("accelerate", "exact", (3, 2, 0)),
+    ("transformers", "audit", (2, 0, 0)),
+    ("transformers", "exact", (3, 0, 0)),
 ])
 def test_the_adoption_counts_the_docs_state(framework: str, mode: str,
                                             counts: tuple[int, int, int]) -> None:

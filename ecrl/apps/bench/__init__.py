@@ -23,7 +23,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "library": ("ecrl.apps.bench.library",
                 "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
     "frameworks": ("ecrl.apps.bench.frameworks",
-                   "Lightning and Accelerate step with ECRL's integration vs without"),
+                   "Lightning, Accelerate and Trainer step with ECRL's integration vs without"),
 }
 """name -> (module, one-line description)."""
 

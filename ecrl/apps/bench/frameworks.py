@@ -1,4 +1,5 @@
-"""``ecrl bench frameworks``: what ECRL's Lightning and Accelerate integrations cost a step.
+"""``ecrl bench frameworks``: what ECRL's Lightning, Accelerate and ``Trainer`` integrations cost
+a step.
 
 For each framework and mode (audit: the framework's sampler, ECRL's step log from its hooks;
 exact: ECRL's sampler too), the same framework run on the tiny CNN (B=32, one process, CPU, one
@@ -6,7 +7,8 @@ thread) with the integration and without it:
 
 - **the integration's own cost per step**, timed where it is paid: every call ECRL adds to a
   step (Lightning: ``ECRLCallback``'s batch hooks; Accelerate: the tracker's batch and
-  ``backward`` hooks), plus the ID
+  ``backward`` hooks; the ``Trainer``: the callback's step events, its forward hooks and what
+  its collator adds to the Trainer's), plus the ID
   wrapper's cost per batch (:class:`ecrl.WithSampleIds`, fetched beside the bare data set),
   against the median step of the run without it — the figure of the ≤ 1% target;
 - **whole steps**: the median time from one step's start to the next's, with the integration and
@@ -218,12 +220,91 @@ def _accelerate_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
     return _steps(starts), hooks
 
 
+# --- transformers Trainer ---------------------------------------------------------------------
+
+
+def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
+                      ) -> tuple[list[float], list[float]]:
+    """One ``Trainer.train`` of ``steps`` steps: the step times, and the time ECRL's callback
+    (its step events and forward hooks) and its collator's own work took in each step."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
+
+    from ecrl.integrations.transformers import ECRLCallback, GlobalBatchSampler
+
+    items = bench.dataset()
+
+    class Named(torch.utils.data.Dataset[dict[str, Any]]):
+        """The Trainer's items are the model's keyword arguments."""
+
+        def __len__(self) -> int:
+            return len(items)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            x, label = items[i]
+            return {"x": x, "labels": label}
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, net: Any) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, x: Any, labels: Any) -> dict[str, Any]:
+            return {"loss": F.cross_entropy(self.net(x), labels)}
+
+    starts: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            starts.append(time.perf_counter())
+
+    data = Named()
+    training = TrainingArguments(
+        output_dir=str(run_dir / "trainer"), per_device_train_batch_size=BATCH, max_steps=steps,
+        learning_rate=0.01, save_strategy="no", logging_strategy="no", report_to="none",
+        disable_tqdm=True, use_cpu=True, dataloader_drop_last=True, seed=0)
+    trainer = Trainer(model=WithLoss(bench.model()), args=training, train_dataset=data,
+                      callbacks=[Clock()])
+    trainer.remove_callback(PrinterCallback)  # its end-of-training print would go to stdout
+    spent: list[float] = []
+    hooks: list[float] = []
+    if mode is not None:
+        sampler = GlobalBatchSampler(len(data), BATCH, seed=0, steps=steps) \
+            if mode == "exact" else None
+        ours = ECRLCallback(run_dir, sampler=sampler).attach(trainer)
+        for name in ("on_step_begin", "on_step_end", "on_epoch_begin", "_take_ids",
+                     "_take_loss"):
+            setattr(ours, name, _timed(getattr(ours, name), spent))
+        # The collator's own work: all of its call, less the Trainer's collator inside it.
+        collator: Any = trainer.data_collator  # attach made it a SampleIdCollator
+        inner: list[float] = []
+        collator.collator = _timed(collator.collator, inner)
+        outer: list[float] = []
+        trainer.data_collator = _timed(collator, outer)
+
+        class Sum(TrainerCallback):  # after ECRL's events: one total per step
+            def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+                hooks.append(sum(spent) + sum(outer) - sum(inner))
+                spent.clear()
+                outer.clear()
+                inner.clear()
+
+        trainer.add_callback(Sum())
+    trainer.train()
+    starts.append(time.perf_counter())
+    trainer.accelerator.free_memory()
+    return _steps(starts), hooks
+
+
 # --- the benchmark ----------------------------------------------------------------------------
 
 
 RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], str]] = {
     "lightning": ("lightning", _lightning_run, "ECRLCallback hooks"),
     "accelerate": ("accelerate", _accelerate_run, "ECRLTracker hooks"),
+    "transformers": ("transformers", _transformers_run, "ECRLCallback events and hooks"),
 }
 """framework -> (module that must be installed, one run, what ECRL adds to a step)."""
 
