@@ -5,6 +5,7 @@ tests/integration/test_lightning.py and test_accelerate.py)."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset, default_collate  # noqa: E402
 
 import ecrl  # noqa: E402
 from ecrl.contract.errors import ConfigError  # noqa: E402
@@ -66,6 +67,17 @@ def test_training_step_gets_the_batch_without_its_ids_unless_asked(tmp_path: Pat
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert [s["sample_ids"] for s in steps if "sample_ids" in s] == [
         list(range(4 * n, 4 * n + 4)) for n in range(4)]
+
+
+def test_the_module_stays_picklable_while_its_training_step_is_wrapped(tmp_path: Path) -> None:
+    module, callback = _Tiny(), ECRLCallback(tmp_path / "run")
+    callback.setup(None, module, "fit")  # type: ignore[arg-type]
+    copy = pickle.loads(pickle.dumps(module))
+    batch = default_collate([ecrl.WithSampleIds(TensorDataset(torch.ones(1, 2)))[0]])
+    copy.training_step(batch, 0)  # the copy's step takes the IDs off too
+    assert isinstance(copy.batches[0], list) and torch.equal(copy.batches[0][0], torch.ones(1, 2))
+    callback.teardown(None, module, "fit")  # type: ignore[arg-type]
+    assert "training_step" not in vars(module)
 
 
 def test_a_sampler_that_is_not_ecrls_is_refused() -> None:

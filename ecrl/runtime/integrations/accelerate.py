@@ -115,9 +115,9 @@ class ECRLTracker:
                 f"ECRLTracker needs the training loader as accelerator.prepare returned it (got "
                 f"{type(loader).__name__}): model, optimizer, loader = accelerator.prepare(…), "
                 "then ECRLTracker(accelerator, run_dir, loader, steps=…)")
-        if sampler is not None and isinstance(loader, DataLoaderDispatcher):
-            raise ConfigError("ECRLTracker(sampler=…): Accelerate's dispatch_batches is not "
-                              "supported (rank 0 would read every rank's shard)")
+        if isinstance(loader, DataLoaderDispatcher):
+            raise ConfigError("ECRLTracker: Accelerate's dispatch_batches is not supported (rank "
+                              "0 reads every rank's batch): prepare the loader without it")
         if accelerator.gradient_accumulation_steps != 1:
             raise ConfigError(
                 f"ECRLTracker: gradient_accumulation_steps="

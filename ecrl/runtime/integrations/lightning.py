@@ -63,19 +63,22 @@ from ecrl.runtime.sampling.steplog import StepLog
 __all__ = ["ECRLCallback", "GlobalBatchSampler", "WithSampleIds"]
 
 
-def _without_ids(training_step: Callable[..., Any]) -> Callable[..., Any]:
-    """``training_step`` handed the batch without the IDs :class:`WithSampleIds` put on it."""
+class _WithoutIds:
+    """``training_step`` handed the batch without the IDs :class:`WithSampleIds` put on it (a
+    class, not a closure: the module stays picklable while it holds it)."""
 
-    @functools.wraps(training_step)
-    def training_step_without_ids(*args: Any, **kwargs: Any) -> Any:
+    ecrl_strips_ids = True
+
+    def __init__(self, training_step: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, training_step)
+        self.training_step = training_step
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], SampleIdPair):
             args = (args[0].item, *args[1:])
         elif isinstance(kwargs.get("batch"), SampleIdPair):
             kwargs["batch"] = kwargs["batch"].item
-        return training_step(*args, **kwargs)
-
-    training_step_without_ids.ecrl_strips_ids = True  # type: ignore[attr-defined]
-    return training_step_without_ids
+        return self.training_step(*args, **kwargs)
 
 
 class ECRLCallback(pl.Callback):
@@ -122,7 +125,7 @@ class ECRLCallback(pl.Callback):
             trainer._accelerator_connector.use_distributed_sampler = False
         if not self.keep_ids and not getattr(pl_module.training_step, "ecrl_strips_ids", False):
             self._instance_step = vars(pl_module).get("training_step")
-            pl_module.training_step = _without_ids(pl_module.training_step)  # type: ignore[method-assign]
+            pl_module.training_step = _WithoutIds(pl_module.training_step)  # type: ignore[method-assign]
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or not getattr(vars(pl_module).get("training_step"),
