@@ -10,7 +10,7 @@
   Accelerate's second sharding off) and the same documented resume: killed and resumed at 2
   processes, bit-identical to the uninterrupted run.
 - Exact mode under ``ecrl launch`` (its torchrun starts the processes, Accelerate takes their
-  count from torchrun's environment), two injected failures, world sizes 2→1→1, each resume the
+  count from torchrun's environment), two injected failures, world sizes 2→1→2, each resume the
   script's ``load_state``: PASS with windows checked; the LR scheduler Accelerate restores has
   stepped once per step (not once per process and step) and the loop's step is ECRL's.
 
@@ -130,11 +130,11 @@ LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-ever
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return ecrl_launch(tmp_path_factory.mktemp("accelerate-launch") / "run",
-                       ["--world-sizes", "2,1", "--fail-at", "2,4"], SCRIPT,
+                       ["--world-sizes", "2,1,2", "--fail-at", "2,4"], SCRIPT,
                        ["--exact", *LAUNCHED], framework_env(PREFIX))
 
 
-def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1(
+def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1_to_2(
         launched: tuple[Path, str]) -> None:
     run, stdout = launched
     assert "resumed by the script from accelerate's own checkpoint" in stdout, stdout
@@ -144,7 +144,7 @@ def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1(
     assert result.metrics.restarts == 2
     state = json.loads((run / "supervisor.json").read_text())
     assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
-        (2, None), (1, 1), (1, 3)]
+        (2, None), (1, 1), (2, 3)]
     assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
     # Accelerate's restored counter (the LR scheduler's steps) is ECRL's step count, whatever
     # the process count of the attempts that stepped it, and the loop ended at the run's end.

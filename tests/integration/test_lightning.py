@@ -10,7 +10,7 @@
   resumed at world size 2, it ends bit-identical to the uninterrupted run, with Lightning's own
   global step and epoch right.
 - Exact mode under ``ecrl launch`` (its torchrun starts the ranks; the script takes Lightning's
-  device count from torchrun's environment), two injected failures, world sizes 2→1→1, each
+  device count from torchrun's environment), two injected failures, world sizes 2→1→2, each
   resume Lightning's own ``fit(ckpt_path="last")``: PASS with windows checked, and Lightning's
   global step and epoch are ECRL's after every resume.
 
@@ -94,7 +94,7 @@ LAUNCHED = ("--dataset-size", "16", "--batch", "4", "--steps", "6", "--ckpt-ever
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return ecrl_launch(tmp_path_factory.mktemp("lightning-launch") / "run",
-                       ["--world-sizes", "2,1", "--fail-at", "2,4"], SCRIPT,
+                       ["--world-sizes", "2,1,2", "--fail-at", "2,4"], SCRIPT,
                        ["--exact", *LAUNCHED], framework_env("PL_"))
 
 
@@ -144,7 +144,7 @@ def test_ecrl_sampler_resumes_lightning_bit_identically(runs: dict[str, Path]) -
     assert final == {"global_step": STEPS, "current_epoch": STEPS // 8}
 
 
-def test_ecrl_launch_drives_lightning_through_two_failures_and_2_to_1(
+def test_ecrl_launch_drives_lightning_through_two_failures_and_2_to_1_to_2(
         launched: tuple[Path, str]) -> None:
     run, stdout = launched
     assert "resumed by the script from lightning's own checkpoint" in stdout, stdout
@@ -156,7 +156,7 @@ def test_ecrl_launch_drives_lightning_through_two_failures_and_2_to_1(
     # ECRL checkpoint to choose), at the world sizes of the schedule.
     state = json.loads((run / "supervisor.json").read_text())
     assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
-        (2, None), (1, 1), (1, 3)]
+        (2, None), (1, 1), (2, 3)]
     assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
     assert {p["reason"] for p in state["resume_points"].values()} == {"framework"}
     # Lightning's counters are ECRL's: every step record is keyed by Lightning's global_step and
