@@ -25,22 +25,28 @@ class _Tiny(pl.LightningModule):
         super().__init__()
         self.net = torch.nn.Linear(2, 1)
         self.batches: list = []
+        self.validated: list = []
 
     def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
         self.batches.append(batch)
         x = batch[1][0] if isinstance(batch, tuple) else batch[0]
         return self.net(x).pow(2).mean()
 
+    def validation_step(self, batch: tuple, batch_idx: int) -> None:
+        self.validated.append(batch)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(callback: ECRLCallback, loader: DataLoader, **trainer: object) -> _Tiny:
+def _fit(callback: ECRLCallback, loader: DataLoader,
+         val_dataloaders: DataLoader | None = None, **trainer: object) -> _Tiny:
     module = _Tiny()
     pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False,
                enable_progress_bar=False, enable_model_summary=False,
-               enable_checkpointing=False, callbacks=[callback], **trainer
-               ).fit(module, loader)
+               enable_checkpointing=False, callbacks=[callback], num_sanity_val_steps=0,
+               limit_val_batches=1, **trainer
+               ).fit(module, loader, val_dataloaders)
     return module
 
 
@@ -50,7 +56,7 @@ def test_training_step_gets_the_batch_without_its_ids_unless_asked(tmp_path: Pat
     x = torch.randn(16, 2)
     data = ecrl.WithSampleIds(TensorDataset(x))
     module = _fit(ECRLCallback(tmp_path / "run", keep_ids=keep_ids),
-                  DataLoader(data, batch_size=4))
+                  DataLoader(data, batch_size=4), val_dataloaders=DataLoader(data, batch_size=8))
     assert len(module.batches) == 4
     for n, batch in enumerate(module.batches):
         if keep_ids:
@@ -60,8 +66,11 @@ def test_training_step_gets_the_batch_without_its_ids_unless_asked(tmp_path: Pat
             assert isinstance(batch, list) and len(batch) == 1  # as the bare data set's batch
             (xs,) = batch
         assert torch.equal(xs, x[4 * n:4 * n + 4])
-    # The callback's wrapper is gone after fit: the module is as the script made it.
-    assert "training_step" not in vars(module)
+    # A validation loader over a wrapped data set feeds validation_step as the bare one would.
+    assert module.validated and all(
+        isinstance(b, tuple) if keep_ids else isinstance(b, list) for b in module.validated)
+    # The callback's wrappers are gone after fit: the module is as the script made it.
+    assert "training_step" not in vars(module) and "validation_step" not in vars(module)
     # and the step log holds the IDs the callback took off.
     log = tmp_path / "run" / "logs" / "attempt-000" / "rank-000.jsonl"
     steps = [json.loads(line) for line in log.read_text().splitlines()]
@@ -78,6 +87,18 @@ def test_the_module_stays_picklable_while_its_training_step_is_wrapped(tmp_path:
     assert isinstance(copy.batches[0], list) and torch.equal(copy.batches[0][0], torch.ones(1, 2))
     callback.teardown(None, module, "fit")  # type: ignore[arg-type]
     assert "training_step" not in vars(module)
+
+
+def test_only_a_batch_that_carries_its_ids_gives_sample_ids() -> None:
+    from ecrl.runtime.integrations._hooks import batch_ids
+
+    data = ecrl.WithSampleIds(TensorDataset(torch.arange(8).view(4, 2), torch.zeros(4)))
+    assert batch_ids(default_collate([data[2], data[0]])).tolist() == [2, 0]
+    assert batch_ids({"sample_ids": [5], "x": 0}) == [5]
+    # A plain batch of two (token IDs and labels) is not (ids, batch): refused, not logged.
+    tokens = default_collate([data.dataset[2], data.dataset[0]])
+    with pytest.raises(ConfigError, match=r"wrap the training data set in ecrl\.WithSampleIds"):
+        batch_ids(tokens)
 
 
 def test_a_sampler_that_is_not_ecrls_is_refused() -> None:

@@ -311,6 +311,10 @@ def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) 
         log.step(0, sample_ids=np.arange(8))
     with pytest.raises(ConfigError, match="must be non-negative"):
         log.step(0, sample_ids=np.arange(8), epoch=0, cursor_step=-5)
+    # IDs of another data set than the one declared (one wrapped before random_split): refused
+    # in the loop, not left to the verifier's FAIL after the run.
+    with pytest.raises(ConfigError, match=r"sample ID 64 is outside the data set's IDs 0\.\.63"):
+        log.step(0, sample_ids=np.arange(60, 68), epoch=0, cursor_step=0)
     log.step(0, sample_ids=np.arange(8), epoch=0, cursor_step=0, loss=torch.tensor(0.5))
     log.close()
     manifest = read_json_record(tmp_path / "run.json", RunManifest)

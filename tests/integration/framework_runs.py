@@ -3,6 +3,7 @@ the launcher of its choice with a clean environment, or under ``ecrl launch``.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conftest import RUN_TIMEOUT_S
+
+from verifier import render_text, verify_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,3 +39,22 @@ def ecrl_launch(out: Path, launch_args: Sequence[str], script: Path, script_args
                        *launch_args, "--", "python", str(script), *script_args], env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out, done.stdout
+
+
+def assert_resumed_by_the_framework(run: Path, printed: str, framework: str, *, steps: int,
+                                    attempts: Sequence[tuple[int, int | None]],
+                                    failures: Sequence[int]) -> None:
+    """An exact-mode run under ``ecrl launch``: PASS with every window of ``steps`` committed
+    steps checked; each resume the framework's own, taken by the supervisor from the attempt's
+    record (``supervisor.json``'s attempts are ``attempts``: world size, step resumed from);
+    the planned ``failures`` injected, one restart each."""
+    assert f"resumed by the script from {framework}'s own checkpoint" in printed, printed
+    result = verify_run(run)
+    assert result.verdict == "PASS", render_text(result)
+    assert result.windows_checked and result.checked["committed_steps"] == steps
+    assert result.metrics.restarts == len(failures)
+    state = json.loads((run / "supervisor.json").read_text())
+    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == \
+        list(attempts)
+    assert [f["global_step"] for f in state["injected_failures"]] == list(failures)
+    assert {p["reason"] for p in state["resume_points"].values()} == {"framework"}

@@ -30,7 +30,13 @@ import pytest
 pytest.importorskip("accelerate")
 
 import torch
-from framework_runs import ROOT, ecrl_launch, framework_env, run_script
+from framework_runs import (
+    ROOT,
+    assert_resumed_by_the_framework,
+    ecrl_launch,
+    framework_env,
+    run_script,
+)
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from verifier import render_text, verify_run
@@ -137,15 +143,8 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_ecrl_launch_drives_accelerate_through_two_failures_and_2_to_1_to_2(
         launched: tuple[Path, str]) -> None:
     run, stdout = launched
-    assert "resumed by the script from accelerate's own checkpoint" in stdout, stdout
-    result = verify_run(run)
-    assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == 6
-    assert result.metrics.restarts == 2
-    state = json.loads((run / "supervisor.json").read_text())
-    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
-        (2, None), (1, 1), (2, 3)]
-    assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
+    assert_resumed_by_the_framework(run, stdout, "accelerate", steps=6,
+                                    attempts=[(2, None), (1, 1), (2, 3)], failures=[2, 4])
     # Accelerate's restored counter (the LR scheduler's steps) is ECRL's step count, whatever
     # the process count of the attempts that stepped it, and the loop ended at the run's end.
     final = json.loads((run / "accelerate-final.json").read_text())

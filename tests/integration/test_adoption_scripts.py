@@ -6,13 +6,10 @@ integration."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from framework_runs import ROOT, ecrl_launch, framework_env
+from framework_runs import ROOT, assert_resumed_by_the_framework, ecrl_launch, framework_env
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
-from verifier import render_text, verify_run
 
 pytestmark = pytest.mark.torchrun
 
@@ -36,15 +33,10 @@ def test_the_exact_adoption_passes_through_two_failures(tmp_path_factory: pytest
     run, stdout = ecrl_launch(run, ["--world-sizes", "2", "--fail-at", "7,16"],
                               ADOPTION / f"{framework}_exact.py", [str(run)],
                               ENVIRONMENTS[framework])
-    assert f"resumed by the script from {framework}'s own checkpoint" in stdout, stdout
-    result = verify_run(run)
-    assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == STEPS
-    state = json.loads((run / "supervisor.json").read_text())
     # Each resume is the framework's own, from its newest checkpoint before the failure (every
     # 3 steps: after steps 5 and 14).
-    assert [a["resumed_from_step"] for a in state["attempts"]] == [None, 5, 14]
-    assert [f["global_step"] for f in state["injected_failures"]] == [7, 16]
+    assert_resumed_by_the_framework(run, stdout, framework, steps=STEPS,
+                                    attempts=[(2, None), (2, 5), (2, 14)], failures=[7, 16])
     # The last attempt recorded itself completed, though the script never closes the step log
     # (the integration does: at the end of training, or at the process's exit).
     last = read_json_record(RunPaths.of(run).attempt_record(2), AttemptRecord)

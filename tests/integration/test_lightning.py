@@ -31,7 +31,13 @@ import pytest
 pytest.importorskip("lightning")
 
 import torch
-from framework_runs import ROOT, ecrl_launch, framework_env, run_script
+from framework_runs import (
+    ROOT,
+    assert_resumed_by_the_framework,
+    ecrl_launch,
+    framework_env,
+    run_script,
+)
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
 from verifier import render_text, verify_run
@@ -147,18 +153,10 @@ def test_ecrl_sampler_resumes_lightning_bit_identically(runs: dict[str, Path]) -
 def test_ecrl_launch_drives_lightning_through_two_failures_and_2_to_1_to_2(
         launched: tuple[Path, str]) -> None:
     run, stdout = launched
-    assert "resumed by the script from lightning's own checkpoint" in stdout, stdout
-    result = verify_run(run)
-    assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == 6
-    assert result.metrics.restarts == 2
     # supervisor.json names the resumes Lightning made (from attempt.json: the supervisor had no
     # ECRL checkpoint to choose), at the world sizes of the schedule.
-    state = json.loads((run / "supervisor.json").read_text())
-    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
-        (2, None), (1, 1), (2, 3)]
-    assert [f["global_step"] for f in state["injected_failures"]] == [2, 4]
-    assert {p["reason"] for p in state["resume_points"].values()} == {"framework"}
+    assert_resumed_by_the_framework(run, stdout, "lightning", steps=6,
+                                    attempts=[(2, None), (1, 1), (2, 3)], failures=[2, 4])
     # Lightning's counters are ECRL's: every step record is keyed by Lightning's global_step and
     # checked against the sampler's window of that step (PASS above); at the end, its global
     # step and epoch are those of the uninterrupted run of the same script (Lightning counts

@@ -34,7 +34,13 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from framework_runs import ROOT, ecrl_launch, framework_env, run_script
+from framework_runs import (
+    ROOT,
+    assert_resumed_by_the_framework,
+    ecrl_launch,
+    framework_env,
+    run_script,
+)
 from safetensors.torch import load_file
 
 from ecrl.contract.runformat import AttemptRecord, RunPaths, read_json_record
@@ -124,16 +130,9 @@ def test_ecrl_windows_resume_the_trainer_exactly_at_another_world_size(runs: Pat
     assert last.world_size == 1
     # The failures were injected by the callback, and the supervisor took each resume from the
     # Trainer's own checkpoint the attempt recorded.
-    assert "resumed by the script from transformers's own checkpoint" in \
-        (runs / "exact-launch.txt").read_text()
-    state = json.loads((run / "supervisor.json").read_text())
-    assert [(a["world_size"], a["resumed_from_step"]) for a in state["attempts"]] == [
-        (2, None), (2, FAILS[0] - 1), (1, FAILS[1] - 1)]
-    assert [f["global_step"] for f in state["injected_failures"]] == list(FAILS)
-    result = verify_run(run)
-    assert result.verdict == "PASS", render_text(result)
-    assert result.windows_checked and result.checked["committed_steps"] == STEPS
-    assert result.metrics.restarts == 2
+    assert_resumed_by_the_framework(
+        run, (runs / "exact-launch.txt").read_text(), "transformers", steps=STEPS,
+        attempts=[(2, None), (2, FAILS[0] - 1), (1, FAILS[1] - 1)], failures=FAILS)
     # The Trainer's own counters are ECRL's: 12 steps are 3 epochs of ECRL.
     final = json.loads((run / "trainer-final.json").read_text())
     assert final == {"global_step": STEPS, "epoch": STEPS / 4}

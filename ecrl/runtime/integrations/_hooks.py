@@ -17,11 +17,14 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from ecrl.contract.errors import ConfigError
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter
 from ecrl.runtime._attempt import Attempt, record_attempt
 from ecrl.runtime.failure import inject
+from ecrl.runtime.sampling.sample_ids import SampleIdPair
 
 __all__ = ["FrameworkCheckpoints", "InjectedFailures", "batch_ids", "file_checksum"]
 
@@ -39,16 +42,18 @@ def file_checksum(path: str | os.PathLike[str] | None) -> str | None:
 
 
 def batch_ids(batch: Any) -> Any:
-    """The sample IDs of a batch built from :class:`ecrl.WithSampleIds` (``(ids, batch)``) or a
-    mapping holding ``sample_ids``."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0]
-    if isinstance(batch, dict) and "sample_ids" in batch:
+    """The sample IDs of a batch built from :class:`ecrl.WithSampleIds` (a
+    :class:`~ecrl.runtime.sampling.sample_ids.SampleIdPair`) or a mapping holding
+    ``sample_ids``. Any other batch is refused: a plain ``[x, y]`` is not ``(ids, batch)``, and
+    taking its ``x`` (token IDs, say) for sample IDs would log what no sampler chose."""
+    if isinstance(batch, SampleIdPair):
+        return batch.sample_id
+    if isinstance(batch, Mapping) and "sample_ids" in batch:
         return batch["sample_ids"]
-    raise TypeError(
-        f"cannot find the sample IDs in a batch of type {type(batch).__name__}: wrap the data "
-        "set in ecrl.WithSampleIds (batches become (ids, batch)), or pass ids=<function of the "
-        "batch> to the integration")
+    raise ConfigError(
+        f"cannot find the sample IDs in a batch of type {type(batch).__name__}: wrap the "
+        "training data set in ecrl.WithSampleIds (its batches carry their IDs), or pass "
+        "ids=<function of the batch> to the integration")
 
 
 class FrameworkCheckpoints:

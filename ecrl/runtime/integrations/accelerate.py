@@ -100,7 +100,7 @@ class ECRLTracker:
     ``loader``: the training loader as ``accelerator.prepare`` returned it. ``steps``: the run's
     target step count. ``sampler``: the :class:`ecrl.GlobalBatchSampler` the loader was built on
     (exact mode); None keeps Accelerate's (audit mode). ``ids``: how to find the sample IDs in a
-    batch (default: ``batch[0]``, what :class:`ecrl.WithSampleIds` gives); ``keep_ids``: the
+    batch (default: the IDs a :class:`ecrl.WithSampleIds` batch carries); ``keep_ids``: the
     loop gets the batch with its IDs, ``(ids, batch)``. Other keyword arguments go to
     :class:`ecrl.StepLog`.
     """

@@ -6,12 +6,14 @@ launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue). Not
 script changes (three lines: the import, the wrapper, the callback):
 
 - ``on_train_batch_start``/``on_train_batch_end``: one step record per optimizer step, with the
-  IDs the batch carried (``batch[0]``) and the loss; the global step is Lightning's
+  IDs the batch carried (its ``SampleIdPair``) and the loss; the global step is Lightning's
   ``trainer.global_step`` before the step, the epoch and cursor Lightning's epoch and
   ``batch_idx``;
 - ``training_step`` gets the batch without its IDs, as it would without ECRL: at ``setup`` the
   callback wraps the module's ``training_step`` (on that instance, undone at ``teardown``) to
-  take the IDs off a :class:`~ecrl.runtime.sampling.sample_ids.SampleIdPair` batch. A callback
+  take the IDs off a :class:`~ecrl.runtime.sampling.sample_ids.SampleIdPair` batch, and so the
+  module's ``validation_step``, ``test_step`` and ``predict_step`` (a loader over a wrapped data
+  set there is fed to the step as it would be without the wrapper). A callback
   cannot change the batch Lightning hands the step, and the IDs must travel inside the batch
   (collation runs in the loader's workers). ``ECRLCallback(..., keep_ids=True)`` leaves them
   on;
@@ -51,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DistributedSampler
 
 from ecrl.contract.errors import ConfigError
@@ -63,22 +66,27 @@ from ecrl.runtime.sampling.steplog import StepLog
 __all__ = ["ECRLCallback", "GlobalBatchSampler", "WithSampleIds"]
 
 
+_STEPS = ("training_step", "validation_step", "test_step", "predict_step")
+"""The module's methods that are handed a batch."""
+
+
 class _WithoutIds:
-    """``training_step`` handed the batch without the IDs :class:`WithSampleIds` put on it (a
-    class, not a closure: the module stays picklable while it holds it)."""
+    """A step method (``training_step`` …) handed the batch without the IDs
+    :class:`WithSampleIds` put on it (a class, not a closure: the module stays picklable while it
+    holds it)."""
 
     ecrl_strips_ids = True
 
-    def __init__(self, training_step: Callable[..., Any]) -> None:
-        functools.update_wrapper(self, training_step)
-        self.training_step = training_step
+    def __init__(self, step: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, step)
+        self.step = step
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], SampleIdPair):
             args = (args[0].item, *args[1:])
         elif isinstance(kwargs.get("batch"), SampleIdPair):
             kwargs["batch"] = kwargs["batch"].item
-        return self.training_step(*args, **kwargs)
+        return self.step(*args, **kwargs)
 
 
 class ECRLCallback(pl.Callback):
@@ -86,10 +94,11 @@ class ECRLCallback(pl.Callback):
 
     ``run_dir``: the run directory (None under ``ecrl launch``). ``sampler``: the
     :class:`ecrl.GlobalBatchSampler` of the training loader (exact mode); None keeps Lightning's
-    sampler (audit mode). ``ids``: how to find the sample IDs in a batch (default: ``batch[0]``,
-    what :class:`ecrl.WithSampleIds` gives). Other keyword arguments go to :class:`ecrl.StepLog`
-    (``log_ids``, ``model``, ``dataset``, ``epoch_coverage`` …). ``keep_ids``: ``training_step``
-    gets the batch with its IDs, ``(ids, batch)`` (default: without them).
+    sampler (audit mode). ``ids``: how to find the sample IDs in a batch (default: the IDs a
+    :class:`ecrl.WithSampleIds` batch carries). Other keyword arguments go to
+    :class:`ecrl.StepLog` (``log_ids``, ``model``, ``dataset``, ``epoch_coverage`` …).
+    ``keep_ids``: the module's steps get the batch with its IDs, ``(ids, batch)`` (default:
+    without them).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
@@ -107,7 +116,9 @@ class ECRLCallback(pl.Callback):
         self.sampler: GlobalBatchSampler | None = sampler
         self.ids = ids
         self.keep_ids = keep_ids
-        self._instance_step: Any = None
+        self._replaced: dict[str, Any] = {}
+        """The step methods wrapped on the module, each with the instance attribute it replaced
+        (None: the class's method)."""
         self._steplog_kwargs = steplog
         self.step_log: StepLog | None = None
         self.checkpoints = FrameworkCheckpoints("lightning")
@@ -117,24 +128,26 @@ class ECRLCallback(pl.Callback):
     # --- before training: the loader and the resume -------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        if self.sampler is not None:
+        if stage == "fit" and self.sampler is not None:
             # Lightning would rebuild the batch sampler around a DistributedSampler of its own:
             # ECRL's sampler shards each window itself. (Validation loaders then keep theirs.)
             trainer._accelerator_connector.use_distributed_sampler = False
-        if not self.keep_ids and not getattr(pl_module.training_step, "ecrl_strips_ids", False):
-            self._instance_step = vars(pl_module).get("training_step")
-            pl_module.training_step = _WithoutIds(pl_module.training_step)  # type: ignore[method-assign]
+        if self.keep_ids:
+            return
+        for name in _STEPS:
+            step = getattr(pl_module, name)
+            if getattr(step, "ecrl_strips_ids", False) or not is_overridden(name, pl_module):
+                continue
+            self._replaced[name] = vars(pl_module).get(name)
+            setattr(pl_module, name, _WithoutIds(step))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit" or not getattr(vars(pl_module).get("training_step"),
-                                         "ecrl_strips_ids", False):
-            return
-        if self._instance_step is None:
-            del pl_module.training_step  # the class's method again
-        else:
-            pl_module.training_step = self._instance_step  # type: ignore[method-assign]
+        for name, own in self._replaced.items():
+            if own is None:
+                delattr(pl_module, name)  # the class's method again
+            else:
+                setattr(pl_module, name, own)
+        self._replaced.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.sampler is None else {"sampler": self.sampler.state_dict()}

@@ -329,6 +329,15 @@ class StepLog:
             # Refused here, in the loop, rather than as a schema error the verifier meets later.
             raise ConfigError(f"log.step({step}): epoch={epoch} and cursor_step={cursor_step} "
                               "must be non-negative (the loop's epoch and its step within it)")
+        elif ids and (min(ids) < 0 or max(ids) >= self.geometry.dataset_size):
+            # Also at the first step rather than as the verifier's FAIL after the run: the IDs are
+            # not the data set's the log was told of (a data set wrapped before random_split).
+            size = self.geometry.dataset_size
+            bad = next(i for i in ids if not 0 <= i < size)
+            raise ConfigError(
+                f"log.step({step}): sample ID {bad} is outside the data set's IDs 0..{size - 1}: "
+                "wrap the training set itself in ecrl.WithSampleIds (after any random_split), "
+                "or give dataset_size= the size its IDs count")
         if self._writer is None:
             self.ensure_manifest()
             record_fresh_if_unrecorded(self.run)  # before any step record: attempt.json
