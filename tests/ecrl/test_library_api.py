@@ -324,6 +324,35 @@ def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) 
     assert record["sample_ids"] == list(range(8)) and record["loss"] == 0.5
 
 
+@pytest.mark.parametrize("log_ids", [True, False])
+def test_each_line_is_the_step_records_own_dict(tmp_path: Path, log_ids: bool) -> None:
+    """The step log builds its lines without the StepRecord dataclass (the hot path): each line
+    must still be exactly what StepRecord.to_dict() writes, fields in order, extras last."""
+    from ecrl.contract.runformat import StepRecord
+
+    sampler = ecrl.GlobalBatchSampler(64, 8, seed=3, steps=3)
+    with ecrl.StepLog(tmp_path / "ours", sampler=sampler, steps=3, log_ids=log_ids) as ours:
+        for step, ids in zip(range(3), sampler, strict=False):
+            ours.step(step, sample_ids=torch.tensor(ids), loss=torch.tensor([1.0, 2.0]),
+                      lr=0.1 * step)
+    with ecrl.StepLog(tmp_path / "theirs", sampler={"kind": "external", "name": "x"},
+                      dataset_size=64, global_batch=8, steps=1, log_ids=log_ids) as theirs:
+        theirs.step(0, sample_ids=[5, 9, 1, 0, 2, 3, 4, 6], epoch=0, cursor_step=0,
+                    loss=float("nan"))
+    for run in ("ours", "theirs"):
+        lines = (tmp_path / run / "logs" / "attempt-000" / "rank-000.jsonl").read_bytes()
+        for line in lines.splitlines():
+            written = json.loads(line)
+            again = StepRecord.from_dict(written).to_dict()
+            assert list(written.items()) == list(again.items())
+            assert ("sample_ids" in written) == log_ids
+            ids = written.get("sample_ids")
+            if ids is not None:
+                assert written["sample_ids_hash"] == semantics.format_hash(
+                    semantics.ids_hash(np.array(ids)))
+            assert written["loss"] == (None if run == "theirs" else 1.5)  # a vector's mean
+
+
 def test_an_external_sampler_may_declare_that_its_epochs_drop_a_remainder(tmp_path: Path
                                                                            ) -> None:
     """DistributedSampler(drop_last=True) with D % B != 0 failed an uninterrupted audit until

@@ -33,7 +33,8 @@ def id_wrapper_cost(dataset: Any, *, batch: int, batches: int) -> float:
     """Seconds :class:`ecrl.WithSampleIds` adds to fetching a batch of ``dataset`` (a map-style
     data set whose items are ready, so that a fetch costs the loader's work and the wrapper's):
     the same batches fetched with and without it, alternating so that both see the same
-    machine, the difference of the medians."""
+    machine, the difference of the medians. Which of the two goes first alternates too: the
+    second fetch of a pair finds the loader's code in warm caches."""
     from torch.utils.data import DataLoader
 
     import ecrl
@@ -44,13 +45,11 @@ def id_wrapper_cost(dataset: Any, *, batch: int, batches: int) -> float:
                               batch_sampler=ecrl.GlobalBatchSampler(size, batch)))
     plain: list[float] = []
     with_ids: list[float] = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        next(bare)
-        t1 = time.perf_counter()
-        next(wrapped)
-        with_ids.append(time.perf_counter() - t1)
-        plain.append(t1 - t0)
+    for i in range(batches):
+        for loader, times in ((bare, plain), (wrapped, with_ids))[:: 1 if i % 2 else -1]:
+            t0 = time.perf_counter()
+            next(loader)
+            times.append(time.perf_counter() - t0)
     return max(0.0, statistics.median(with_ids) - statistics.median(plain))
 
 

@@ -158,10 +158,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
     def _shards(self, rank: int, world: int, local: int) -> Iterator[list[int]]:
         state = semantics.SamplerState.at_step(self.geometry, self.seed, self._next)
         stop = self._end(self._next)
-        size = max(64, _ISSUED_IDS // local)
-        if len(self._issued) != size:
-            self._issued = [None] * size
-        ring = self._issued
+        ring = self._issued_ring(local)
+        size = len(ring)
         # A block of steps at a time: the shards' hashes and Python lists in one call each (per
         # batch, numpy's call overhead would cost more than the arithmetic).
         for first, block in state.iter_shard_blocks(rank, world,
@@ -220,6 +218,20 @@ class GlobalBatchSampler(Sampler[list[int]]):
         """The training loop completed global step ``step``: the state now points at step + 1."""
         self._tracked = True
         self._next = int(step) + 1
+
+    def _issued_ring(self, local: int) -> list[tuple[int, list[int], int] | None]:
+        size = max(64, _ISSUED_IDS // local)
+        if len(self._issued) != size:
+            self._issued = [None] * size
+        return self._issued
+
+    def note_issued(self, step: int, ids: list[int], digest: int) -> None:
+        """This rank's shard of ``step`` (its IDs and :func:`~ecrl.contract.semantics.ids_hash`)
+        was handed out by something that draws ECRL's windows for this sampler (the
+        ``Trainer``'s per-sample stream): :class:`ecrl.StepLog` then takes the hash from here
+        instead of computing the shard again."""
+        ring = self._issued_ring(len(ids) or 1)
+        ring[step % len(ring)] = (step, list(ids), digest)
 
     def take_issued(self, step: int) -> tuple[list[int], int] | None:
         """(IDs, multiset hash) of this rank's shard of ``step`` as this sampler handed it out,
