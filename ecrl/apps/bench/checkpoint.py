@@ -194,9 +194,13 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     cuda = _cuda()
     try:
         for case in _cases(quick, cuda):
-            # Interleaved, so that a burst of load from elsewhere hits every strategy alike.
-            order = ["none", "overlapped", "blocking", "jit"] + \
-                ["none", "overlapped", "jit"] * (case.repeats - 1)
+            # Interleaved, so that a burst of load from elsewhere hits every strategy alike; every
+            # other round in reverse, so that no strategy always runs first (jit, always run
+            # after none, measured 96.6% of it in two pairs; with the order alternated the pairs
+            # spread 0.89-1.04 around 0.98: docs/benchmarks.md).
+            rounds = [["none", "overlapped", "blocking", "jit"]] + \
+                [["none", "overlapped", "jit"]] * (case.repeats - 1)
+            order = [s for i, one in enumerate(rounds) for s in (one[::-1] if i % 2 else one)]
             runs: dict[str, list[RunPaths]] = {"none": [], "blocking": [], "overlapped": [],
                                                "jit": []}
             load = _Load()
