@@ -113,6 +113,62 @@ def test_gradient_accumulation_is_refused(tmp_path: Path) -> None:
              accumulate_grad_batches=2)
 
 
+class _LogCheckedAtBackward(_Tiny):
+    """Reads the step log when Lightning runs the step's backward (before any all-reduce)."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__()
+        self.log = log
+        self.logged_at_backward: list[list[int]] = []
+
+    def backward(self, loss: torch.Tensor, *args: object, **kwargs: object) -> None:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        self.logged_at_backward.append([json.loads(line)["global_step"] for line in lines])
+        super().backward(loss, *args, **kwargs)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_each_step_is_logged_before_its_backward(tmp_path: Path, exact: bool) -> None:
+    """The step-record contract: a rank's record of step c is on disk before its gradients can
+    enter step c's all-reduce (a rank killed after it must not leave a checkpointed step
+    unlogged)."""
+    data = ecrl.WithSampleIds(TensorDataset(torch.randn(16, 2)))
+    sampler = ecrl.GlobalBatchSampler(16, 4, steps=4) if exact else None
+    loader = DataLoader(data, batch_sampler=sampler) if exact else DataLoader(data, batch_size=4)
+    module = _LogCheckedAtBackward(tmp_path / "run" / "logs" / "attempt-000" / "rank-000.jsonl")
+    pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False,
+               enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+               callbacks=[ECRLCallback(tmp_path / "run", sampler=sampler)]).fit(module, loader)
+    assert module.logged_at_backward == [list(range(step + 1)) for step in range(4)]
+
+
+class _StepsEveryOtherBatch(_Tiny):
+    """Manual optimization that accumulates two batches per update: the global step (the
+    optimizer's steps) does not advance after every backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        if batch_idx % 2:
+            optimizer = self.optimizers()
+            optimizer.step()  # type: ignore[union-attr]
+            optimizer.zero_grad()  # type: ignore[union-attr]
+        return loss
+
+
+def test_a_backward_without_an_optimizer_step_is_refused(tmp_path: Path) -> None:
+    data = ecrl.WithSampleIds(TensorDataset(torch.randn(16, 2)))
+    with pytest.raises(ConfigError, match="no optimizer step followed"):
+        pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, callbacks=[ECRLCallback(tmp_path / "run")]
+                   ).fit(_StepsEveryOtherBatch(), DataLoader(data, batch_size=4))
+
+
 def test_a_loader_not_built_on_the_callbacks_sampler_is_refused(tmp_path: Path) -> None:
     data = ecrl.WithSampleIds(TensorDataset(torch.randn(16, 2)))
     sampler = ecrl.GlobalBatchSampler(16, 4, steps=4)

@@ -106,3 +106,61 @@ def test_audit_mode_logs_every_step_with_the_ids_of_its_micro_batches(tmp_path: 
     result = verify_run(tmp_path / "run")
     assert result.verdict == "PASS", render_text(result)
     assert result.checked["committed_steps"] == 8
+
+
+class _SeesTheLogAtBackward(_Model):
+    """Reads the step log when the backward pass reaches the loss (before any all-reduce)."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__()
+        self.log = log
+        self.logged_at_backward: list[list[int]] = []
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict:
+        out = super().forward(x, labels)
+        if self.training:
+            out["loss"].register_hook(self._look)
+        return out
+
+    def _look(self, grad: torch.Tensor) -> None:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        self.logged_at_backward.append([__import__("json").loads(line)["global_step"]
+                                        for line in lines])
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_each_step_is_logged_before_its_backward(tmp_path: Path, exact: bool) -> None:
+    """The step-record contract: a rank's record of step c is on disk before its gradients can
+    enter step c's all-reduce (without gradient accumulation)."""
+    model = _SeesTheLogAtBackward(tmp_path / "run" / "logs" / "attempt-000" / "rank-000.jsonl")
+    training = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
+                                 report_to="none", disable_tqdm=True, save_strategy="no",
+                                 logging_strategy="no", per_device_train_batch_size=8,
+                                 max_steps=4)
+    trainer = Trainer(model=model, args=training, train_dataset=_Points())
+    sampler = ecrl.GlobalBatchSampler(32, 8, steps=4) if exact else None
+    ECRLCallback(tmp_path / "run", sampler=sampler).attach(trainer)
+    trainer.train()
+    assert model.logged_at_backward == [list(range(step + 1)) for step in range(4)]
+
+
+class _TwoForwards(Trainer):
+    """A compute_loss that runs the model twice on its batch (R-Drop, consistency losses)."""
+
+    def compute_loss(self, model: nn.Module, inputs: dict, *args: object, **kwargs: object
+                     ) -> torch.Tensor:
+        return model(**inputs)["loss"] + model(**inputs)["loss"]
+
+
+def test_a_batch_run_through_the_model_twice_is_consumed_once(tmp_path: Path) -> None:
+    training = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
+                                 report_to="none", disable_tqdm=True, save_strategy="no",
+                                 logging_strategy="no", per_device_train_batch_size=8,
+                                 max_steps=8)
+    trainer = _TwoForwards(model=_Model(), args=training, train_dataset=_Points())
+    ECRLCallback(tmp_path / "run").attach(trainer)
+    trainer.train()
+    from verifier import render_text, verify_run
+
+    result = verify_run(tmp_path / "run")
+    assert result.verdict == "PASS", render_text(result)

@@ -145,7 +145,7 @@ def _lightning_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
             loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True)
             ours = ECRLCallback(run_dir)
         spent: list[float] = []
-        for name in ("on_train_batch_start", "on_train_batch_end"):
+        for name in ("on_train_batch_start", "on_before_backward", "on_train_batch_end"):
             setattr(ours, name, _timed(getattr(ours, name), spent))
         callbacks.append(ours)
         per_step = hooks

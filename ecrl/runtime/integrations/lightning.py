@@ -5,10 +5,12 @@
 launched it (Lightning's own launcher, ``torchrun``, a scheduler's requeue). Nothing else in the
 script changes (three lines: the import, the wrapper, the callback):
 
-- ``on_train_batch_start``/``on_train_batch_end``: one step record per optimizer step, with the
-  IDs the batch carried (its ``SampleIdPair``) and the loss; the global step is Lightning's
-  ``trainer.global_step`` before the step, the epoch and cursor Lightning's epoch and
-  ``batch_idx``;
+- ``on_train_batch_start``/``on_before_backward``: one step record per optimizer step, with the
+  IDs the batch carried (its ``SampleIdPair``) and the loss, written before the backward pass
+  (before the rank's gradients can enter the step's all-reduce, as the step-record contract
+  asks); the global step is Lightning's ``trainer.global_step`` before the step, the epoch and
+  cursor Lightning's epoch and ``batch_idx``. A batch whose backward is not followed by an
+  optimizer step is refused in one line at its end;
 - ``training_step`` gets the batch without its IDs, as it would without ECRL: at ``setup`` the
   callback wraps the module's ``training_step`` (on that instance, undone at ``teardown``) to
   take the IDs off a :class:`~ecrl.runtime.sampling.sample_ids.SampleIdPair` batch, and so the
@@ -123,6 +125,9 @@ class ECRLCallback(pl.Callback):
         self.step_log: StepLog | None = None
         self.checkpoints = FrameworkCheckpoints("lightning")
         self._step: int | None = None
+        self._batch: tuple[Any, int, int] | None = None
+        """The running batch, its epoch and index (from its start to its end)."""
+        self._recorded = False
         self.failures: InjectedFailures | None = None
 
     # --- before training: the loader and the resume -------------------------------------------
@@ -222,20 +227,44 @@ class ECRLCallback(pl.Callback):
             # ModelCheckpoint's on_train_batch_end after ours).
             self.failures.fire()
         self._step = trainer.global_step
+        self._batch = (batch, trainer.current_epoch, batch_idx)
+        self._recorded = False
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Any) -> None:
+        # The step record before the backward pass, hence before this rank's gradients can enter
+        # the step's all-reduce (the step-record contract, docs/run-format.md): a rank that dies
+        # after the all-reduce has logged the step its peers may go on to checkpoint.
+        if self._batch is not None and not self._recorded:
+            self._record(loss)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.step_log is not None and self._step is not None
-        if trainer.global_step == self._step:
-            return  # no optimizer step (a skipped batch): nothing was consumed by an update
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        stepped = trainer.global_step != self._step
+        if not self._recorded and stepped:
+            # An update without Lightning's backward (a manual loss.backward()): recorded now.
+            self._record(outputs.get("loss") if isinstance(outputs, dict) else outputs)
+        self._batch = None
+        if not self._recorded:
+            return  # no backward, no optimizer step (a skipped batch): nothing was consumed
+        if not stepped:
+            raise ConfigError(
+                f"ECRLCallback: the batch of global step {self._step} went through backward but "
+                "no optimizer step followed (the global step did not advance): one optimizer "
+                "step per batch is supported, or the next batch would be logged as the same step")
+        if self.failures is not None:
+            self.failures.after(self._step)
+
+    def _record(self, loss: Any) -> None:
+        assert self.step_log is not None and self._step is not None and self._batch is not None
+        batch, epoch, batch_idx = self._batch
         if self.sampler is not None:
             self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss)
         else:
-            self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss,
-                               epoch=trainer.current_epoch, cursor_step=batch_idx)
-        if self.failures is not None:
-            self.failures.after(self._step)
+            self.step_log.step(self._step, sample_ids=self.ids(batch), loss=loss, epoch=epoch,
+                               cursor_step=batch_idx)
+        self._recorded = True
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:

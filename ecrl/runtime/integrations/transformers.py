@@ -12,10 +12,13 @@ collation drops the keys its model does not take, so the sample IDs travel anoth
   dicts), and collation runs in the loader's workers: the IDs travel inside the batch, also
   with ``dataloader_num_workers > 0``;
 - a forward pre-hook on the model (installed at ``on_train_begin``) takes the IDs out of the
-  forward's keyword arguments before the model sees them, and a forward hook takes the loss.
-  With gradient accumulation the micro-batches of one optimizer step are gathered;
-- ``on_step_end`` (after the optimizer step, before the Trainer's save of that step): one step
-  record per rank, at the global step ``state.global_step - 1``;
+  forward's keyword arguments before the model sees them, and a forward hook takes the loss and,
+  without gradient accumulation, writes the step's record (global step ``state.global_step``)
+  before the backward pass, so before the rank's gradients can enter the all-reduce;
+- ``on_step_end`` (after the optimizer step, before the Trainer's save of that step): with
+  gradient accumulation, the record of the step's micro-batches (global step
+  ``state.global_step - 1``; after the all-reduce: the last micro-batch is not known at its
+  forward);
 - ``on_save`` (after the Trainer wrote ``checkpoint-N``): a checkpoint event at step ``N - 1``;
 - ``on_train_begin`` of a resumed attempt (``state.global_step`` restored from the checkpoint's
   ``trainer_state.json``): ``attempt.json`` names the step resumed from and the SHA-256 of that
@@ -174,6 +177,10 @@ class ECRLCallback(TrainerCallback):
         self._losses: list[torch.Tensor] = []
         self._hooks: list[Any] = []
         self._steps_per_epoch = 1
+        self._accumulation = 1
+        self._state: TrainerState | None = None
+        self._recorded_step: int | None = None
+        """The step recorded at this step's forward (None: not yet)."""
         self._attached = False
 
     # --- before training -----------------------------------------------------------------------
@@ -210,6 +217,8 @@ class ECRLCallback(TrainerCallback):
         self._steps_per_epoch = max(per_rank // accumulation + int(per_rank % accumulation > 0),
                                     1)
         self.step_log = self._open_log(args, state, loader, accumulation)
+        self._accumulation = accumulation
+        self._state = state  # the Trainer's one TrainerState, updated in place
         if state.global_step > 0:  # TrainerState came from the checkpoint being resumed
             self.checkpoints.loaded(state.global_step - 1,
                                     self._trainer_state_file(args, state.global_step))
@@ -286,16 +295,36 @@ class ECRLCallback(TrainerCallback):
                     "call ecrl_callback.attach(trainer) (or give the Trainer "
                     "ecrl.WithSampleIds(data) and SampleIdCollator(collator))")
             return None
-        if module.training:
+        if module.training and self._recorded_step is None:
+            # (A second forward of a step already recorded — a compute_loss that runs the model
+            # twice on its batch — consumes no other samples: its IDs are not counted again.)
             self._ids.extend(ids.tolist())
         return args, kwargs
 
     def _take_loss(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         loss = _loss_of(output)
-        if module.training and isinstance(loss, torch.Tensor):
-            # Kept as it is: the step log reads it once, at the step's end (each call into torch
-            # costs ~10 µs of cold caches here, of a per-step budget of 100).
+        if not module.training or not isinstance(loss, torch.Tensor) \
+                or self._recorded_step is not None:
+            return
+        if self._accumulation == 1 and self._state is not None:
+            # The step record right after the forward, before the backward (so before this
+            # rank's gradients can enter the step's all-reduce: the step-record contract). With
+            # gradient accumulation the last micro-batch is not known here: on_step_end records.
+            self._record(self._state.global_step, loss)
+        else:
+            # Kept as it is: the step log reads it once (each call into torch costs ~10 µs of
+            # cold caches here, of a per-step budget of 100).
             self._losses.append(loss)
+
+    def _record(self, step: int, loss: Any) -> None:
+        assert self.step_log is not None
+        ids, self._ids = self._ids, []
+        if self.sampler is not None:
+            self.step_log.step(step, sample_ids=ids, loss=loss)
+        else:
+            epoch, cursor = divmod(step, self._steps_per_epoch)
+            self.step_log.step(step, sample_ids=ids, loss=loss, epoch=epoch, cursor_step=cursor)
+        self._recorded_step = step
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
@@ -314,20 +343,23 @@ class ECRLCallback(TrainerCallback):
             # ecrl launch --fail-at: after the previous step and the checkpoint the Trainer
             # saved after its on_step_end, before this step's collectives.
             self.failures.fire()
+        self._recorded_step = None
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
         assert self.step_log is not None
         step = state.global_step - 1
-        ids, self._ids = self._ids, []
-        losses, self._losses = self._losses, []
-        loss = losses[0] if len(losses) == 1 else \
-            sum(float(x.detach().float().mean()) for x in losses) / len(losses) if losses else None
-        if self.sampler is not None:
-            self.step_log.step(step, sample_ids=ids, loss=loss)
-        else:
-            epoch, cursor = divmod(step, self._steps_per_epoch)
-            self.step_log.step(step, sample_ids=ids, loss=loss, epoch=epoch, cursor_step=cursor)
+        recorded = self._recorded_step
+        if recorded is None:  # gradient accumulation (or a forward without a loss)
+            losses, self._losses = self._losses, []
+            loss = losses[0] if len(losses) == 1 else sum(
+                float(x.detach().float().mean()) for x in losses) / len(losses) if losses else None
+            self._record(step, loss)
+        elif recorded != step:
+            raise ConfigError(
+                f"ECRLCallback: the step recorded at the forward ({recorded}) is not the step "
+                f"the Trainer ended ({step}): one optimizer step per batch is supported")
+        self._recorded_step = None
         if self.failures is not None:
             self.failures.after(step)
 
