@@ -324,6 +324,28 @@ def test_external_sampler_needs_the_loops_epoch_and_is_declared(tmp_path: Path) 
     assert record["sample_ids"] == list(range(8)) and record["loss"] == 0.5
 
 
+@pytest.mark.parametrize(("given", "logged"), [
+    (torch.tensor(5), [5]), (torch.tensor([[1, 2], [3, 4]]), [1, 2, 3, 4]),
+    (torch.tensor([7, 6], dtype=torch.int32), [7, 6]), ([3, 4], [3, 4]), (np.int64(7), [7]),
+    (np.array([[2], [9]]), [2, 9]), (torch.tensor([], dtype=torch.int64), [])])
+def test_ids_of_any_integer_form_are_logged_flat(tmp_path: Path, given: Any, logged: list[int]
+                                                 ) -> None:
+    with ecrl.StepLog(tmp_path, sampler={"kind": "external", "name": "x"}, dataset_size=64,
+                      global_batch=8, steps=1) as log:
+        log.step(0, sample_ids=given, epoch=0, cursor_step=0)
+    record = json.loads((tmp_path / "logs" / "attempt-000" / "rank-000.jsonl").read_text())
+    assert record["sample_ids"] == logged and record["sample_ids_count"] == len(logged)
+
+
+@pytest.mark.parametrize("given", [torch.tensor([1.0]), [True, False], np.array([0.5]),
+                                   torch.tensor([True])])
+def test_ids_that_are_not_integers_are_refused(tmp_path: Path, given: Any) -> None:
+    log = ecrl.StepLog(tmp_path, sampler={"kind": "external", "name": "x"}, dataset_size=64,
+                       global_batch=8, steps=1)
+    with pytest.raises(SemanticsError, match="sample_ids must be integers"):
+        log.step(0, sample_ids=given, epoch=0, cursor_step=0)
+
+
 @pytest.mark.parametrize("log_ids", [True, False])
 def test_each_line_is_the_step_records_own_dict(tmp_path: Path, log_ids: bool) -> None:
     """The step log builds its lines without the StepRecord dataclass (the hot path): each line

@@ -71,7 +71,7 @@ def _as_id_list(sample_ids: Any) -> list[int]:
         # One call where the batch's 1-D tensor allows it: each call into torch right after the
         # model's step costs about 10 µs of cold caches (the ≤ 1% per-step budget is 100 µs).
         ids = sample_ids.tolist()
-        if ids and type(ids[0]) is list:
+        if type(ids) is not list or (ids and type(ids[0]) is list):  # 0-d, or 2-d and more
             ids = sample_ids.reshape(-1).tolist()
         return ids
     ids = np.asarray(sample_ids)
