@@ -143,7 +143,8 @@ def _attempt_ended(e: AttemptEnded) -> Lines:
         return [("out", f"[attempt {e.attempt}] stopped after step {e.last_step} before the "
                         f"deadline, its checkpoint committed; {again}")]
     after = ("no checkpoint yet" if e.latest_step is None
-             else f"latest checkpoint: step {e.latest_step}")
+             else f"latest checkpoint: step {e.latest_step}" + (
+                 f" ({e.latest_by}'s own)" if e.latest_by else ""))
     if e.ending is not None:
         return [("out", f"[attempt {e.attempt}] {_describe_ending(e.ending)}; {after}")]
     if e.fired is not None:

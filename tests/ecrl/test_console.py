@@ -82,6 +82,11 @@ def test_how_an_attempt_ended() -> None:
     assert render(_ended(fired=FiredFailure(global_step=9, rank=0, attempt=1))) == [
         ("out", "[attempt 1] injected failure after step 9 (rank 0, exit 137); latest "
                 "checkpoint: step 7")]
+    # Under ecrl launch, a framework's own checkpoint (the run has no ECRL checkpoint).
+    assert render(_ended(fired=FiredFailure(global_step=9, rank=0, attempt=1), latest_step=7,
+                         latest_by="transformers")) == [
+        ("out", "[attempt 1] injected failure after step 9 (rank 0, exit 137); latest "
+                "checkpoint: step 7 (transformers's own)")]
     jit = Ending(status="jit", jit={"saved": True, "rank": 1, "global_step": 9,
                                     "source": "live", "reason": "a peer failed"})
     assert render(_ended(status="jit", ending=jit, latest_step=None)) == [

@@ -146,6 +146,8 @@ class AttemptEnded:
     latest_step: int | None
     """The newest committed checkpoint's step after the attempt (None: none yet)."""
     crash: CrashReport | None = None
+    latest_by: str | None = None
+    """When ``latest_step`` is a checkpoint the script's framework wrote itself: which."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

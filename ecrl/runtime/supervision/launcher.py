@@ -319,9 +319,9 @@ class LaunchSupervisor(Supervisor):
         self._refresh_manifest()
         return code
 
-    def _framework_checkpoints(self) -> str | None:
-        """The framework that wrote the newest checkpoint the run's logs record, when it was a
-        framework's own (Lightning's, Accelerate's: their integrations log ``written_by``)."""
+    def _framework_checkpoints(self) -> tuple[int, str] | None:
+        """The newest checkpoint the run's logs record, ``(step, framework)``, when it was a
+        framework's own (the integrations log ``written_by``)."""
         newest: tuple[int, str] | None = None
         for a in self.state.attempts:
             try:
@@ -332,7 +332,7 @@ class LaunchSupervisor(Supervisor):
                         newest = (event.global_step, by)
             except (RunFormatError, OSError):
                 continue
-        return None if newest is None else newest[1]
+        return newest
 
     def _adopt_own_resume(self) -> None:
         """The attempt just ended resumed from a checkpoint the supervisor did not choose (no

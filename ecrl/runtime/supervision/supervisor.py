@@ -253,9 +253,15 @@ class Supervisor:
             attempts=[a.attempt for a in self.state.attempts],
             restart_hint=f"start the run over in a new directory: `{self.config.command_line()}`")
 
-    def _framework_checkpoints(self) -> str | None:
-        """The framework whose own checkpoints the script resumes from (``ecrl launch``)."""
+    def _framework_checkpoints(self) -> tuple[int, str] | None:
+        """The newest checkpoint a framework wrote itself, ``(step, framework)``, when the
+        script resumes from its framework's own checkpoints (``ecrl launch``)."""
         return None
+
+    def _framework_resumed(self, pointer: Any) -> str | None:
+        """The framework whose own checkpoint an attempt started without ECRL's resumes from."""
+        newest = None if pointer is not None else self._framework_checkpoints()
+        return None if newest is None else newest[1]
 
     def _command(self, attempt: int, world: int) -> list[str]:
         return command.torchrun_command(self.config.supervisor, self.paths, attempt, world,
@@ -440,8 +446,7 @@ class Supervisor:
         self._report(AttemptStarted(attempt=attempt, world_size=world,
                                     resumed_from_step=record.resumed_from_step,
                                     target_steps=self.manifest.target_steps, fail_at=fail_at,
-                                    framework=None if pointer is not None else
-                                    self._framework_checkpoints()))
+                                    framework=self._framework_resumed(pointer)))
         code = self._launch(attempt, world, pointer, fail_at)
         first, last = attempt_steps(self.paths, attempt, world)
         # The target after the launch: `ecrl launch` learns it once the script wrote run.json.
@@ -480,6 +485,7 @@ class Supervisor:
         settled = outcome.status in ("completed", "stopped", "deadline") or (
             outcome.fatal is not None)
         latest = None if settled else read_latest(self.paths)
+        own = None if settled or latest is not None else self._framework_checkpoints()
         crash = None
         if not settled and outcome.ending is None and outcome.fired is None:
             if outcome.error is not None:
@@ -492,7 +498,8 @@ class Supervisor:
             command=self.name, root=self.paths.root, attempt=attempt, status=outcome.status,
             exit_code=outcome.exit_code, last_step=last, fired=outcome.fired,
             ending=outcome.ending, fatal=outcome.fatal,
-            latest_step=None if latest is None else latest.global_step, crash=crash))
+            latest_step=latest.global_step if latest is not None else own[0] if own else None,
+            latest_by=own[1] if own else None, crash=crash))
         limit = self.config.effective_max_restarts
         end = policy.after_attempt(
             outcome, relaunches=relaunches, max_restarts=limit,
