@@ -218,3 +218,22 @@ def test_setting_a_stray_folder_aside_is_said_in_one_line(tmp_path: Path) -> Non
                 "logs/stray-attempt-001")]
     resuming = next(i for i, (_, text) in enumerate(lines) if "resuming" in text)
     assert lines.index(said[0]) > resuming  # after the line that names the run
+
+
+def test_a_forged_framework_name_never_reaches_the_console(tmp_path: Path) -> None:
+    """`ecrl launch` prints the framework that wrote a run's newest checkpoint, read from the
+    run directory's checkpoint log: only a name is taken, never a string with escape sequences."""
+    from types import SimpleNamespace
+
+    from ecrl.contract.runformat import JsonlWriter
+    from ecrl.runtime.supervision.launcher import LaunchSupervisor
+
+    paths = RunPaths.of(tmp_path)
+    with JsonlWriter(paths.checkpoint_log(0)) as log:
+        for step, by in ((3, "transformers"), (7, "\x1b]0;owned\x07")):
+            log.write(CheckpointEvent(global_step=step, strategy="x", snapshot_s=0.0,
+                                      write_s=0.0, enqueue_s=0.0, backpressure_s=0.0,
+                                      stall_s=0.0, bytes=0, path="", extra={"written_by": by}))
+    owner = SimpleNamespace(state=SimpleNamespace(attempts=[SimpleNamespace(attempt=0)]),
+                            paths=paths)
+    assert LaunchSupervisor._framework_checkpoints(owner) == (3, "transformers")  # type: ignore[arg-type]

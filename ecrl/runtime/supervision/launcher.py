@@ -328,7 +328,10 @@ class LaunchSupervisor(Supervisor):
                 for _, event in JsonlReader(self.paths.checkpoint_log(a.attempt), CheckpointEvent,
                                             torn_tail_ok=True, root=self.paths.root):
                     by = event.extra.get("written_by")
-                    if isinstance(by, str) and (newest is None or event.global_step >= newest[0]):
+                    # A name, printed on the console: a string from a file anyone with write
+                    # access to the run directory could forge (escape sequences) is not one.
+                    if isinstance(by, str) and by.isidentifier() and (
+                            newest is None or event.global_step >= newest[0]):
                         newest = (event.global_step, by)
             except (RunFormatError, OSError):
                 continue
