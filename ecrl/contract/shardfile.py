@@ -79,17 +79,25 @@ def chunk_key(index: int) -> str:
     return f"c{index:03d}"
 
 
-def pack_chunks(sizes: Sequence[int], parts: int) -> tuple[list[tuple[int, int]], list[int]]:
+def pack_chunks(sizes: Sequence[int], parts: int, owners: Sequence[int | None] = ()
+                ) -> tuple[list[tuple[int, int]], list[int]]:
     """Place tensors of ``sizes`` bytes, in order, into at most ``parts`` chunks of about equal
     size, cutting only between tensors (a tensor is never split, so each is one view of one
     chunk). Returns each tensor's (chunk, offset) and each chunk's size (one chunk at least
-    when there is a tensor; only zero-byte tensors make an empty chunk)."""
+    when there is a tensor; only zero-byte tensors make an empty chunk).
+
+    ``owners[i]``, when given and not None, pins tensor ``i`` to chunk ``owners[i]`` (the rank
+    that holds it: a shard of a distributed tensor), after the balanced ones."""
     aligned = [-(-max(0, int(n)) // ALIGN) * ALIGN for n in sizes]
-    total = sum(aligned)
-    places: list[tuple[int, int]] = []
-    chunks: list[int] = [0] if aligned else []
+    pinned = {i: int(o) for i, o in enumerate(owners) if o is not None}
+    if any(not 0 <= o < parts for o in pinned.values()):
+        raise ValueError(f"a tensor is pinned to a chunk outside 0..{parts - 1}")
+    free = [size for i, size in enumerate(aligned) if i not in pinned]
+    total = sum(free)
+    balanced: list[tuple[int, int]] = []
+    chunks: list[int] = [0] if free else []
     before = 0  # bytes placed in earlier chunks
-    for size in aligned:
+    for size in free:
         # Close the current chunk when this tensor would end nearer the next share's border
         # than the chunk's own end is to it now.
         border = total * len(chunks) / max(1, parts)
@@ -97,8 +105,17 @@ def pack_chunks(sizes: Sequence[int], parts: int) -> tuple[list[tuple[int, int]]
                 abs(before + chunks[-1] + size - border) > abs(before + chunks[-1] - border):
             before += chunks[-1]
             chunks.append(0)
-        places.append((len(chunks) - 1, chunks[-1]))
+        balanced.append((len(chunks) - 1, chunks[-1]))
         chunks[-1] += size
+    chunks.extend([0] * (max(pinned.values(), default=-1) + 1 - len(chunks)))
+    places: list[tuple[int, int]] = []
+    order = iter(balanced)
+    for i, size in enumerate(aligned):
+        if i in pinned:
+            places.append((pinned[i], chunks[pinned[i]]))
+            chunks[pinned[i]] += size
+        else:
+            places.append(next(order))
     return places, chunks
 
 

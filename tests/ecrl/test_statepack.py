@@ -136,3 +136,44 @@ def test_a_cuda_state_snapshots_to_the_bytes_of_its_cpu_copy() -> None:
         statepack.snapshot_into(encoded, memoryview(image))
         images.append(bytes(image))
     assert images[0] == images[1]
+
+
+def _rebuild_pieces_of(source: torch.Tensor, like: torch.Tensor,
+                       boxes: list[tuple[list[int], list[int]]], *,
+                       dtype: str = "float32") -> torch.Tensor:
+    """Rebuild a ``$sharded`` node of ``like``'s shape whose pieces are ``source``'s 2-D boxes
+    (offsets, sizes)."""
+    pieces = [source[a:a + n, b:b + m].contiguous() for (a, b), (n, m) in boxes]
+    entries = [{"dtype": "float32", "shape": list(p.shape), "nbytes": p.numel() * 4}
+               for p in pieces]
+    tree = {"w": {statepack.SHARDED: {"dtype": dtype, "shape": list(like.shape),
+                                      "pieces": [[i, offsets] for i, (offsets, _)
+                                                 in enumerate(boxes)]}}}
+    return statepack.rebuild_from_bytes(
+        tree, entries, lambda i: pieces[i].reshape(-1).view(torch.uint8), where="ckpt")["w"]
+
+
+def test_a_sharded_tensor_is_tiled_back_whole_from_uneven_pieces() -> None:
+    whole = torch.arange(35, dtype=torch.float32).reshape(5, 7)
+    # FSDP2's dim-0 shards of 5 rows over 2 ranks (3 + 2), the second cut again by columns
+    boxes = [([0, 0], [3, 7]), ([3, 0], [2, 4]), ([3, 4], [2, 3])]
+    assert torch.equal(_rebuild_pieces_of(whole, whole, boxes), whole)
+
+
+@pytest.mark.parametrize(("boxes", "why"), [
+    ([([0, 0], [3, 7]), ([2, 0], [3, 7])], "overlap"),
+    ([([0, 0], [3, 7]), ([3, 0], [1, 7])], "cover 28 of its 35"),
+    ([([0, 0], [3, 7]), ([3, 1], [2, 7])], "do not fit"),
+])
+def test_pieces_that_overlap_leave_a_gap_or_run_outside_are_refused(
+        boxes: list[tuple[list[int], list[int]]], why: str) -> None:
+    whole = torch.zeros(5, 8, dtype=torch.float32)  # wide enough to cut every box out of
+    node_shape = torch.zeros(5, 7)
+    with pytest.raises(CheckpointError, match=why):
+        _rebuild_pieces_of(whole, node_shape, boxes)
+
+
+def test_a_piece_of_another_dtype_is_refused() -> None:
+    whole = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        _rebuild_pieces_of(whole, whole, [([0, 0], [2, 3])], dtype="float64")

@@ -50,6 +50,28 @@ def test_fsdp_run_with_a_data_parallel_change_passes(fsdp_run: Run) -> None:
     assert (after["dp_rank"], after["dp_size"], after["local_batch"]) == (0, 1, 8)
 
 
+def test_sharded_checkpoints_reshard_to_the_state_the_gathered_ones_load(
+        fsdp_run: Run, runs: RunCache) -> None:
+    """The same run with ``sharded`` checkpoints (each rank writes its own shards): its resume
+    at DP 1 loads exactly the state the blocking run's does — whose digests the verifier proved
+    equal to the ones it saved — object for object."""
+    run = runs.get("launch-fsdp-sharded", ["--strategy", "sharded", "--ckpt-every", "4",
+                                           "--keep-checkpoints", "8",
+                                           "--world-sizes", "2,1", "--fail-at", "9", "--",
+                                           "python", str(EXAMPLE), "--steps", "20"],
+                   command="launch")
+    assert run.returncode == 0, f"ecrl exited {run.returncode}\n{run.stdout}\n{run.stderr}"
+    ours, theirs = (json.loads((r.root / "logs/attempt-001/restored.json").read_text())
+                    for r in (run, fsdp_run))
+    assert ours["global_step"] == theirs["global_step"] == 7
+    assert ours["digests"] == theirs["digests"] and len(ours["digests"]) == 4
+    manifest = json.loads((run.root / "checkpoints/step-00000007.dcp/ecrl-manifest.json")
+                          .read_text())
+    weight = manifest["tree"]["model"]["0.weight"]["$sharded"]  # 64 x 16, FSDP2 over 2 ranks
+    assert [(manifest["tensors"][i]["chunk"], offsets) for i, offsets in weight["pieces"]] == [
+        (0, [0, 0]), (1, [32, 0])]  # each rank wrote its own half
+
+
 def test_overlapped_checkpoints_of_a_sharded_optimizer_are_durable_and_whole(
         runs: RunCache) -> None:
     # Rank 0 alone captures, from the copies every rank gathered at the boundary, and its

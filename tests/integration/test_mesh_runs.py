@@ -66,6 +66,15 @@ def fsdp2(runs: RunCache) -> Run:
 
 
 @pytest.fixture(scope="module")
+def fsdp2_sharded(runs: RunCache) -> Run:
+    # The same run with sharded-async checkpoints: every rank writes its own shards.
+    return _made(runs.get("mesh-fsdp2-sharded", [*GPT, "--parallel", "fsdp", "--world-sizes",
+                                                 "2", "--strategy", "sharded-async",
+                                                 "--ckpt-every", "2", "--fail-at", "4,8",
+                                                 "--warm-standby"]))
+
+
+@pytest.fixture(scope="module")
 def fsdp2_twin(runs: RunCache) -> Run:
     return _made(runs.get("mesh-fsdp2-twin", [*GPT, "--parallel", "fsdp", "--world-sizes", "2",
                                               "--strategy", "none"]))
@@ -90,6 +99,35 @@ def test_fsdp_with_two_failures_is_bit_identical_to_the_uninterrupted_run(
     manifest = json.loads((fsdp2.root / "run.json").read_text())
     assert manifest["meshes"] == [{"dp_size": 2, "tp_size": 1, "parallel": "fsdp",
                                    "replicate": 1, "shard": 2}]
+
+
+def test_sharded_checkpoints_of_fsdp_hold_each_ranks_shards_and_resume_bit_identically(
+        fsdp2_sharded: Run, fsdp2_twin: Run) -> None:
+    """sharded-async under FSDP2: each rank writes its own shards of every parameter and optimizer
+    tensor (no gather), and two resumes from them train bit for bit like the uninterrupted run."""
+    view, twin = load_run(fsdp2_sharded.root), load_run(fsdp2_twin.root)
+    assert [a.status for a in view.state.attempts] == ["failed", "failed", "completed"]
+    assert all(a.resumed_from_step is not None for a in view.state.attempts[1:])
+    ours = torch.load(fsdp2_sharded.root / "final" / "model.pt", weights_only=True)
+    ref = torch.load(fsdp2_twin.root / "final" / "model.pt", weights_only=True)
+    for key in ref:
+        assert torch.equal(ours[key], ref[key]), f"{key} differs from the uninterrupted run"
+    assert view.losses(committed_only=False) == twin.losses()
+    from verifier import verify_run
+
+    assert verify_run(fsdp2_sharded.root).verdict == "PASS"
+    latest = json.loads((fsdp2_sharded.root / "checkpoints/latest.json").read_text())
+    manifest = json.loads((fsdp2_sharded.root / "checkpoints" / latest["path"] /
+                           "ecrl-manifest.json").read_text())
+    weight = manifest["tree"]["model"]["blocks.0.attn.q.weight"]["$sharded"]
+    assert weight["shape"] == [32, 32]
+    # two pieces of 16 rows, in the chunks (parts) of the two ranks that hold them
+    pieces = weight["pieces"]
+    assert [offsets for _, offsets in pieces] == [[0, 0], [16, 0]]
+    assert [(manifest["tensors"][i]["shape"], manifest["tensors"][i]["chunk"])
+            for i, _ in pieces] == [([16, 32], 0), ([16, 32], 1)]
+    moment = manifest["tree"]["optimizer"]["state"]["blocks.0.attn.q.weight"]
+    assert any("$sharded" in value for value in moment.values() if isinstance(value, dict))
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,8 @@ class Checkpointer:
                 f"Checkpointer(strategy='jit'): {loaders[0]!r} is a DataLoader, whose position "
                 "moves ahead of the step a rescue saves; checkpoint its sampler "
                 "(ecrl.GlobalBatchSampler) instead, or use another strategy")
-        # FSDP2 / DTensor entries are gathered whole at each boundary and resharded on load.
+        # FSDP2 / DTensor entries are gathered whole at each boundary (the sharded strategies:
+        # each rank's shards) and resharded on load.
         self._full = FullStates({k: _unwrap(o) for k, o in self.state.items()})
         if self.strategy_name == "jit" and self._full:
             raise ConfigError(
@@ -238,6 +239,7 @@ class Checkpointer:
         # Set by a resume until the first step boundary writes restored.json: the step loaded,
         # each object's digest as loaded, the saved RNG entry, and this rank's streams as set.
         self._attest: tuple[int, dict[str, str], Any] | None = None
+        self._load_s = 0.0
         self._rng_live: dict[str, Any] | None = None
         # A checkpoint waits to be loaded: iterating the data before restore() would silently
         # restart the data order, so the samplers refuse until then.
@@ -348,6 +350,7 @@ class Checkpointer:
                            if s is not None and s < step)
             if older:
                 step, path, checksum = older[-1], checkpoint_name(older[-1]), None
+        started = time.perf_counter()
         # Either format, whatever this attempt's strategy: a run may change strategy between
         # attempts (a .ckpt file of rank 0, or a sharded .dcp directory). Neither is ever
         # unpickled; a sharded checkpoint's parts are hashed by its loader as they are read.
@@ -391,6 +394,7 @@ class Checkpointer:
             _unwrap(obj).load_state_dict(wanted)
             if self.rank == 0:  # the digest of the state as loaded, from the live object
                 loaded[key] = digests.live_digest(_read_back(obj, wanted))
+        self._load_s = time.perf_counter() - started  # read, checked, loaded (and resharded)
         if self._full:
             self._full.gather()  # the state as loaded, whole (a collective)
             if self.rank == 0:
@@ -493,7 +497,8 @@ class Checkpointer:
         rng = digests.rng_as_loaded(saved_rng, live)
         if rng is not None:
             loaded = {**loaded, RNG_KEY: digests.live_digest(rng)}
-        record = {"schema_version": 1, "global_step": step, "digests": dict(sorted(loaded.items()))}
+        record = {"schema_version": 1, "global_step": step, "digests": dict(sorted(loaded.items())),
+                  "load_s": round(self._load_s, 6)}
         atomic_write_bytes(self.run.paths.attempt_dir(self.run.attempt) / digests.RESTORED_FILE,
                            (json.dumps(record, separators=(",", ":")) + "\n").encode())
 
@@ -514,7 +519,9 @@ class Checkpointer:
             self._jit.step_completed(step)
         self._seed_rank(step + 1)  # the RNG policy, whatever the strategy: before any capture
         if self._full and (not self._prepared or strategy.due(step)):
-            self._full.gather()  # every rank, before the capture (rank 0's only, or all)
+            # every rank, before the capture (rank 0's only, or all); the sharded strategies
+            # take each rank's own shards, which it writes itself
+            self._full.gather(full=not strategy.writes_shards)
         if not self._prepared:
             strategy.prepare()
             self._prepared = True

@@ -12,9 +12,19 @@ full state to ``set_model_state_dict`` / ``set_optimizer_state_dict``, which cut
 the resumed attempt runs on — another data-parallel degree included. The commit protocol,
 checksums, fallback and digests are the strategies' own, unchanged.
 
-This is the simple, exact form (the approach most scripts use): its cost is one full copy of the
-state per checkpoint. Writing the shards where they live (DCP with sharded entries) is the
-performance work still to do (issue 31).
+That is the form for the single-file strategies (the approach most scripts use): its cost is
+one full copy of the state per checkpoint, gathered over the network and written by rank 0. The
+sharded strategies (``sharded``, ``sharded-async``) write the shards where they live instead:
+the boundary takes each rank's own shards (``full_state_dict=False``: no collective, no copy),
+:class:`ShardLayout` stands each DTensor in the state tree by a ``$sharded`` node whose pieces are
+the ranks' local boxes (one small ``all_gather_object`` of their offsets and sizes per
+checkpoint; a box that several ranks hold, as HSDP's replica groups do, is written once, by the
+lowest of them), and every rank writes its own pieces into its part of the checkpoint. Loading
+tiles the pieces back into whole tensors (:func:`ecrl.runtime.checkpoint.statepack.rebuild`,
+which refuses pieces that overlap, leave a gap or run outside the tensor), handed to
+``set_*_state_dict`` as above, so a resume at another mesh reshards the same way. A DTensor
+whose shards are not one box of the whole (a dimension sharded twice, FSDP over tensor
+parallelism: ``_StridedShard``) is gathered whole (``full_tensor``) and saved like any tensor.
 
 ``jit`` is refused: a rescue copies the live state of a survivor, and no rank of an FSDP mesh
 holds a full replica to copy.
@@ -22,6 +32,7 @@ holds a full replica to copy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,8 +40,9 @@ import torch
 from torch import nn
 
 from ecrl.contract.errors import ConfigError
+from ecrl.runtime.checkpoint.statepack import SHARDED, dtype_name
 
-__all__ = ["FullStates", "is_sharded_module", "is_sharded_optimizer"]
+__all__ = ["FullStates", "ShardLayout", "is_sharded_module", "is_sharded_optimizer"]
 
 
 def _dtensor() -> type | None:
@@ -83,20 +95,17 @@ class FullStates:
     def __contains__(self, key: object) -> bool:
         return key in self.modules or key in self.optimizers
 
-    def _options(self) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        return StateDictOptions(full_state_dict=True, cpu_offload=False)
-
-    def gather(self) -> None:
+    def gather(self, *, full: bool = True) -> None:
         """Gather every sharded entry's full state on every rank (a collective: all ranks call
-        it at the same boundary)."""
+        it at the same boundary); ``full=False``: take each rank's own shards as DTensors (for
+        the sharded strategies, which write them where they are)."""
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_model_state_dict,
             get_optimizer_state_dict,
         )
 
-        options = self._options()
+        options = StateDictOptions(full_state_dict=full, cpu_offload=False)
         for key, module in self.modules.items():
             self._stash[key] = get_model_state_dict(module, options=options)
         for key, (optimizer, module) in self.optimizers.items():
@@ -126,3 +135,65 @@ class FullStates:
         else:
             optimizer, module = self.optimizers[key]
             set_optimizer_state_dict(module, optimizer, given, options=options)
+
+
+class ShardLayout:
+    """The DTensors of one checkpoint's state, laid out as pieces that their ranks write.
+
+    Passed as :func:`ecrl.runtime.checkpoint.statepack.encode_tree`'s ``distributed``: each
+    DTensor leaf becomes a node, filled by :meth:`lay_out` once every rank's boxes are known."""
+
+    def __init__(self) -> None:
+        self._leaves: list[tuple[dict[str, Any], torch.Tensor, list[int], list[int]]] = []
+        """Per DTensor: its node, this rank's local tensor, the whole shape, the box's offsets."""
+
+    def __bool__(self) -> bool:
+        return bool(self._leaves)
+
+    def __call__(self, value: torch.Tensor) -> Any:
+        kind = _dtensor()
+        if kind is None or not isinstance(value, kind):
+            return None
+        from torch.distributed.tensor import Replicate, Shard
+
+        dt: Any = value
+        local = dt.to_local().detach()
+        if all(type(p) in (Shard, Replicate) for p in dt.placements):
+            boxes = dt.__create_chunk_list__()  # DCP's own account of the local shard
+            if len(boxes) == 1 and tuple(boxes[0].sizes) == tuple(local.shape):
+                node: dict[str, Any] = {}
+                self._leaves.append((node, local, list(dt.shape), list(boxes[0].offsets)))
+                return node
+        return dt.full_tensor()  # a collective, at the same leaf on every rank
+
+    def lay_out(self, values: list[Any], entries: list[dict[str, Any]], *, rank: int,
+                world_size: int) -> list[int | None]:
+        """Append every rank's pieces to ``values`` and ``entries`` (other ranks' pieces as
+        meta tensors: only their dtype and shape are used here) and fill the nodes; returns the
+        owner of each entry (None: any rank may write it). A collective."""
+        import torch.distributed as dist
+
+        mine = [(list(local.shape), offsets) for _node, local, _shape, offsets in self._leaves]
+        everyone: list[Any] = [mine]
+        if world_size > 1:
+            everyone = [None] * world_size
+            dist.all_gather_object(everyone, mine)
+        owners: list[int | None] = [None] * len(entries)
+        for index, (node, local, shape, _offsets) in enumerate(self._leaves):
+            pieces: list[list[Any]] = []
+            seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+            for holder, boxes in enumerate(everyone):
+                size, offsets = boxes[index]
+                box = (tuple(size), tuple(offsets))
+                count = math.prod(size)
+                if box in seen or not count:
+                    continue
+                seen.add(box)
+                entries.append({"dtype": dtype_name(local.dtype), "shape": list(size),
+                                "nbytes": count * local.element_size()})
+                values.append(local if holder == rank else
+                              torch.empty(size, dtype=local.dtype, device="meta"))
+                owners.append(holder)
+                pieces.append([len(entries) - 1, list(offsets)])
+            node[SHARDED] = {"dtype": dtype_name(local.dtype), "shape": shape, "pieces": pieces}
+        return owners

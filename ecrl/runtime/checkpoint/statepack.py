@@ -40,7 +40,11 @@ __all__ = [
 ]
 
 _TENSOR, _TUPLE, _DICT, _FLOAT, _NDARRAY = "$tensor", "$tuple", "$dict", "$float", "$ndarray"
-_TAGS = frozenset({_TENSOR, _TUPLE, _DICT, _FLOAT, _NDARRAY})
+SHARDED = "$sharded"
+"""A tensor saved as pieces written by several ranks (a DTensor's shards in a sharded
+checkpoint): ``{"$sharded": {"dtype", "shape", "pieces": [[tensor index, offsets], ...]}}``,
+rebuilt whole (:func:`rebuild`); :mod:`ecrl.runtime.checkpoint.dtensor` writes it."""
+_TAGS = frozenset({_TENSOR, _TUPLE, _DICT, _FLOAT, _NDARRAY, SHARDED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class EncodedState:
     layout: Layout
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -65,16 +69,24 @@ def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
     return EncodedState(tree=tree, tensors=tensors, entries=entries, layout=layout)
 
 
-def encode_tree(state: Any) -> tuple[Any, list[torch.Tensor | np.ndarray], list[dict[str, Any]]]:
+def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None = None
+                ) -> tuple[Any, list[torch.Tensor | np.ndarray], list[dict[str, Any]]]:
     """``state``'s structure (JSON), its tensors in order and an entry (dtype, shape, nbytes)
-    per tensor, without the single file's layout (sharded checkpoints place them in chunks)."""
+    per tensor, without the single file's layout (sharded checkpoints place them in chunks).
+
+    ``distributed`` (sharded checkpoints) sees every tensor first: it returns None for a plain
+    tensor, else what stands for it — a node of the tree (a DTensor's shards, laid out later), or
+    the plain tensor to save in its place."""
     tensors: list[torch.Tensor | np.ndarray] = []
     entries: list[dict[str, Any]] = []
 
     def walk(value: Any, where: str) -> Any:
         if isinstance(value, torch.Tensor):
-            t = value.detach()
-            entries.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape),
+            instead = distributed(value) if distributed is not None else None
+            if isinstance(instead, dict):
+                return instead
+            t = (value if instead is None else instead).detach()
+            entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape),
                             "nbytes": t.numel() * t.element_size()})
             tensors.append(t)
             return {_TENSOR: len(tensors) - 1}
@@ -208,6 +220,9 @@ def rebuild_from_bytes(tree: Any, entries: Sequence[Mapping[str, Any]],
             return torch.empty(shape, dtype=dtype)
         return raw(index).view(dtype).view(shape).clone()
 
+    def sharded(inner: Any) -> torch.Tensor:
+        return _assemble(inner, tensor, where)
+
     def array(index: int) -> np.ndarray:
         name = entries[index].get("dtype") if isinstance(entries[index], Mapping) else None
         try:
@@ -221,12 +236,56 @@ def rebuild_from_bytes(tree: Any, entries: Sequence[Mapping[str, Any]],
             return np.empty(shape, dtype=dtype)
         return raw(index).numpy().view(dtype).reshape(shape).copy()
 
-    return rebuild(tree, tensor=tensor, array=array)
+    return rebuild(tree, tensor=tensor, array=array, sharded=sharded)
+
+
+def _assemble(inner: Any, tensor: Callable[[int], torch.Tensor], where: object) -> torch.Tensor:
+    """The whole tensor of a :data:`SHARDED` node from its pieces, which must tile it exactly:
+    each inside it, none overlapping another, together every element (else it is refused: a
+    gap would be uninitialised memory)."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{where}: a sharded tensor's pieces {why}")
+
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("pieces"), list):
+        raise bad("are not listed")
+    shape, name = inner.get("shape"), inner.get("dtype")
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape) \
+            or not isinstance(dtype, torch.dtype):
+        raise bad(f"have no valid whole shape and dtype ({shape!r}, {name!r})")
+    whole = torch.empty(shape, dtype=dtype)
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    covered = 0
+    for item in inner["pieces"]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                and isinstance(item[1], list) and len(item[1]) == len(shape)
+                and all(isinstance(n, int) and n >= 0 for n in item[1])):
+            raise bad(f"are not [index, offsets] pairs ({item!r})")
+        piece = tensor(item[0])
+        start, size = tuple(item[1]), tuple(piece.shape)
+        if piece.dtype != dtype or len(size) != len(shape) or \
+                any(a + n > total for a, n, total in zip(start, size, shape, strict=True)):
+            raise bad(f"do not fit the whole tensor (a {piece.dtype} piece of {list(size)} at "
+                      f"{list(start)} in {name} {shape})")
+        for other_start, other_size in boxes:
+            if all(a < b + m and b < a + n for a, n, b, m
+                   in zip(start, size, other_start, other_size, strict=True)):
+                raise bad(f"overlap (at {list(start)} and {list(other_start)})")
+        boxes.append((start, size))
+        covered += piece.numel()
+        target = whole
+        for dim, (a, n) in enumerate(zip(start, size, strict=True)):
+            target = target.narrow(dim, a, n)
+        target.copy_(piece)
+    if covered != whole.numel():
+        raise bad(f"cover {covered} of its {whole.numel()} elements")
+    return whole
 
 
 def rebuild(tree: Any, *, tensor: Callable[[int], torch.Tensor],
-            array: Callable[[int], np.ndarray]) -> Any:
-    """The state of an encoded ``tree``; ``tensor(i)``/``array(i)`` give tensor ``i``."""
+            array: Callable[[int], np.ndarray], sharded: Callable[[Any], torch.Tensor]) -> Any:
+    """The state of an encoded ``tree``; ``tensor(i)``/``array(i)`` give tensor ``i``,
+    ``sharded(node)`` the whole tensor of a :data:`SHARDED` node."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, list):
@@ -245,6 +304,8 @@ def rebuild(tree: Any, *, tensor: Callable[[int], torch.Tensor],
                 return float(inner)
             if tag == _NDARRAY:
                 return array(inner)
+            if tag == SHARDED:
+                return sharded(inner)
         return {k: walk(v) for k, v in value.items()}
 
     return walk(tree)

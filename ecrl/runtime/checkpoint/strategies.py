@@ -103,6 +103,9 @@ class Strategy:
     name = "none"
     """Set from :data:`ecrl.runtime.checkpoint.registry.REGISTRY` when the class is looked up
     there."""
+    writes_shards = False
+    """Whether every rank writes its own part (the sharded strategies): a sharded (FSDP2,
+    DTensor) model's state is then captured as each rank's shards, not gathered whole."""
 
     def __init__(self, ctx: CheckpointContext) -> None:
         self.ctx = ctx

@@ -37,6 +37,7 @@ from ecrl.contract.shardfile import (
     pack_chunks,
 )
 from ecrl.runtime.checkpoint import statepack
+from ecrl.runtime.checkpoint.dtensor import ShardLayout
 from ecrl.runtime.checkpoint.persist import (
     CrashHook,
     apply_retention,
@@ -121,6 +122,7 @@ class ShardedCheckpoints(Strategy):
     """``sharded``: every rank writes its part, training waits for the commit."""
 
     asynchronous = False
+    writes_shards = True
 
     def __init__(self, ctx: CheckpointContext) -> None:
         super().__init__(ctx)
@@ -170,10 +172,13 @@ class ShardedCheckpoints(Strategy):
     def _job(self, state: Any, step: int, t0: float) -> _Job:
         # The structure check across ranks (_same_everywhere) runs in _persist: for
         # sharded-async on its thread, not in the training's stall.
-        tree, values, entries = statepack.encode_tree(state)
+        shards = ShardLayout()
+        tree, values, entries = statepack.encode_tree(state, distributed=shards)
+        owners = shards.lay_out(values, entries, rank=self.ctx.rank,
+                                world_size=self.ctx.world_size) if shards else []
         tensors: dict[str, torch.Tensor] = {}
         places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in entries],
-                                          self.ctx.world_size)
+                                          self.ctx.world_size, owners)
         for index, (value, entry, (chunk, offset)) in enumerate(
                 zip(values, entries, places, strict=True)):
             if isinstance(value, np.ndarray):
@@ -427,7 +432,7 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         t1 = time.perf_counter()
         sources = job.tensors
         mine = self._mine(job)
-        later = [key for key in self._deferrable(sources) if key in mine]
+        later = self._deferrable({k: v for k, v in sources.items() if k in mine})
         self._stage(job, frozenset(later))
         deferred = None
         if later:
