@@ -22,12 +22,14 @@ BENCHES: dict[str, tuple[str, str]] = {
     "transform": ("ecrl.apps.bench.transform", "transformed training program vs the original"),
     "library": ("ecrl.apps.bench.library",
                 "step log + ID wrapper overhead; GlobalBatchSampler vs DistributedSampler"),
+    "mesh": ("ecrl.apps.bench.mesh",
+             "FSDP2: each rank writes its shards vs gather to rank 0; async stall; reshard load"),
     "frameworks": ("ecrl.apps.bench.frameworks",
                    "Lightning, Accelerate and Trainer step with ECRL's integration vs without"),
 }
 """name -> (module, one-line description)."""
 
 TORCH_BENCHES = frozenset({"sampler", "checkpoint", "recovery", "transform", "library",
-                           "frameworks"})
+                           "frameworks", "mesh"})
 """The benchmarks that train or time torch: without it (``pip install ecrl``) they are refused,
 and ``ecrl bench all`` runs the others."""

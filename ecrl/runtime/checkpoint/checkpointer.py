@@ -37,6 +37,7 @@ step, rank 0 commits the final checkpoint and the process exits with ``DEADLINE_
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -77,7 +78,7 @@ from ecrl.runtime.checkpoint.persist import (
     read_checkpoint,
     read_latest,
 )
-from ecrl.runtime.checkpoint.registry import built_strategies
+from ecrl.runtime.checkpoint.registry import built_strategies, strategy_class
 from ecrl.runtime.checkpoint.strategies import (
     BlockingCheckpoints,
     CheckpointContext,
@@ -274,24 +275,36 @@ class Checkpointer:
                 "model": self.log.model if self.log is not None else None,
                 "keys": sorted(self.state), "time": time.time(), "ecrl_version": __version__}
 
-    def _capture(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
+    def _capture(self, rngs: list[dict[str, Any]], *, shards: bool = False) -> dict[str, Any]:
+        """The state to save; ``shards``: a sharded strategy's, which takes this rank's own
+        shards of a sharded model here (no collective; inside the measured stall), where the
+        others' are gathered whole before the capture (a collective, every rank)."""
+        if shards and self._full:
+            self._full.gather(full=False)
         out = {key: self._full.state_dict(key) if key in self._full
                else _unwrap(obj).state_dict() for key, obj in self.state.items()}
         out[RNG_KEY] = {"world_size": self.world_size, "ranks": rngs}
         return out
 
-    def _context(self) -> CheckpointContext:
+    def _context(self, *, shards: bool | None = None) -> CheckpointContext:
+        """The strategy's view of the job; ``shards``: whether it writes each rank's own shards
+        (default: whether this checkpointer's strategy does)."""
         run = self.run
+        if shards is None:
+            shards = bool(getattr(strategy_class(self.strategy_name), "writes_shards", False))
         return CheckpointContext(
             paths=run.paths, attempt=run.attempt, rank=run.rank, world_size=run.world_size,
             geometry=self.geometry or Geometry(dataset_size=1, global_batch=1),
             target_steps=self.target if self.target is not None else 2**62,
             every=self.every, keep=self.keep, max_inflight=self.max_inflight,
-            capture=self._capture, meta=self._meta,
-            # A sharded optimizer's state is saved from gathered copies, never from its live
-            # storages: nothing of it can be copied later by the overlapped pipeline.
+            capture=functools.partial(self._capture, shards=shards), meta=self._meta,
+            # A sharded optimizer's state is saved from gathered copies under the single-file
+            # strategies (nothing of it can be copied later by the overlapped pipeline), and
+            # from its live shards under the sharded ones (which sharded-async's pipeline copies
+            # under the next step, as overlapped does a replicated optimizer's).
             optimizers=tuple(o for k, o in self.state.items()
-                             if isinstance(o, torch.optim.Optimizer) and k not in self._full))
+                             if isinstance(o, torch.optim.Optimizer)
+                             and (k not in self._full or shards)))
 
     def _build_strategy(self) -> Strategy:
         if self._strategy is None:
@@ -518,10 +531,11 @@ class Checkpointer:
         if self._jit is not None:
             self._jit.step_completed(step)
         self._seed_rank(step + 1)  # the RNG policy, whatever the strategy: before any capture
-        if self._full and (not self._prepared or strategy.due(step)):
-            # every rank, before the capture (rank 0's only, or all); the sharded strategies
-            # take each rank's own shards, which it writes itself
-            self._full.gather(full=not strategy.writes_shards)
+        if self._full and not strategy.writes_shards and \
+                (not self._prepared or strategy.due(step)):
+            # every rank, before the capture (rank 0's only, or all): a collective (the sharded
+            # strategies take each rank's own shards in the capture, which every rank runs)
+            self._full.gather()
         if not self._prepared:
             strategy.prepare()
             self._prepared = True
@@ -573,7 +587,7 @@ class Checkpointer:
         if not saved:
             if self._full:
                 self._full.gather()
-            final = BlockingCheckpoints(self._context())
+            final = BlockingCheckpoints(self._context(shards=False))
             final.name = "deadline"
             final.checkpoint(step)
             final.close()

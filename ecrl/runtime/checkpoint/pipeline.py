@@ -38,13 +38,17 @@ import torch
 
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint import statepack
+from ecrl.runtime.checkpoint.dtensor import is_dtensor
 
 __all__ = ["Deferred", "SnapshotPipeline", "optimizer_storages", "split_deferred",
            "stepping_optimizer", "storage_key", "tensor_path", "warn"]
 
 
 def storage_key(tensor: torch.Tensor) -> tuple[str, int]:
-    """Identifies a tensor's storage (views and ``detach()``-ed copies share it)."""
+    """Identifies a tensor's storage (views and ``detach()``-ed copies share it); a DTensor's is
+    its local shard's (FSDP2's parameters and their optimizer state)."""
+    if is_dtensor(tensor):
+        tensor = tensor.to_local()  # type: ignore[attr-defined]
     return (tensor.device.type, tensor.untyped_storage().data_ptr())
 
 

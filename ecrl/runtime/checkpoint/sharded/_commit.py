@@ -131,6 +131,8 @@ class ShardedCheckpoints(Strategy):
         self._hook = CrashHook.from_env(attempt=ctx.attempt)
         self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
         self._group: Any = None
+        self._boxes: dict[tuple[Any, ...], Any] = {}
+        """Where this rank's box of each DTensor geometry lies (:class:`ShardLayout`)."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class ShardedCheckpoints(Strategy):
     def _job(self, state: Any, step: int, t0: float) -> _Job:
         # The structure check across ranks (_same_everywhere) runs in _persist: for
         # sharded-async on its thread, not in the training's stall.
-        shards = ShardLayout()
+        shards = ShardLayout(self._boxes)
         tree, values, entries = statepack.encode_tree(state, distributed=shards)
         owners = shards.lay_out(values, entries, rank=self.ctx.rank,
                                 world_size=self.ctx.world_size) if shards else []
