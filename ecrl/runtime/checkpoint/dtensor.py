@@ -32,8 +32,9 @@ holds a full replica to copy.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -96,6 +97,7 @@ class FullStates:
                     "module in the checkpointed state holds them: checkpoint the model too")
             self.optimizers[key] = (obj, owner)
         self._stash: dict[str, Any] = {}
+        self._translations: dict[str, Callable[[Any], Any]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.modules or self.optimizers)
@@ -115,9 +117,41 @@ class FullStates:
 
         options = StateDictOptions(full_state_dict=full, cpu_offload=False)
         for key, module in self.modules.items():
-            self._stash[key] = get_model_state_dict(module, options=options)
+            if full:
+                self._stash[key] = get_model_state_dict(module, options=options)
+            else:
+                self._stash[key] = self._shards(
+                    key, functools.partial(get_model_state_dict, module, options=options),
+                    module.state_dict)
         for key, (optimizer, module) in self.optimizers.items():
-            self._stash[key] = get_optimizer_state_dict(module, optimizer, options=options)
+            if full:
+                self._stash[key] = get_optimizer_state_dict(module, optimizer, options=options)
+            else:
+                self._stash[key] = self._shards(
+                    key, functools.partial(get_optimizer_state_dict, module, optimizer,
+                                           options=options), optimizer.state_dict)
+
+    def _shards(self, key: str, reference: Callable[[], Any], plain: Callable[[], Any]) -> Any:
+        """This rank's shards of ``key``'s state, as ``reference()`` (torch's
+        ``get_*_state_dict``) gives them, from ``plain()`` (the object's own ``state_dict``)
+        where that is proved the same.
+
+        torch's functions cost about 19 ms per checkpoint for ResNet-50 (name translation and
+        checks, in the training's stall); the object's own ``state_dict`` about 2 ms. The first
+        call runs both and learns how the plain state maps onto torch's (the same keys for a
+        model; parameter indices to names for an optimizer); only when the mapped plain state
+        holds exactly torch's values — the same tensors' storages, the same other values —
+        do later calls map the plain state instead. Anything else keeps torch's functions."""
+        translate = self._translations.get(key)
+        if translate is not None:
+            return translate(plain())
+        wanted = reference()
+        translate = _learn_translation(plain(), wanted)
+        if translate is None:
+            def translate(_plain: Any) -> Any:
+                return reference()
+        self._translations[key] = translate
+        return wanted
 
     def state_dict(self, key: str) -> Any:
         """The full state of ``key`` as last gathered."""
@@ -143,6 +177,49 @@ class FullStates:
         else:
             optimizer, module = self.optimizers[key]
             set_optimizer_state_dict(module, optimizer, given, options=options)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two state values are the same: tensors (DTensors) over the same storage with the
+    same type, dtype and shape; nested dicts and lists of such; equal plain values."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or \
+                type(a) is not type(b) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        la = a.to_local() if is_dtensor(a) else a  # type: ignore[attr-defined]
+        lb = b.to_local() if is_dtensor(b) else b  # type: ignore[attr-defined]
+        return bool(la.data_ptr() == lb.data_ptr() and la.stride() == lb.stride()
+                    and la.untyped_storage().data_ptr() == lb.untyped_storage().data_ptr())
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(
+            _same_value(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+def _learn_translation(plain: Any, wanted: Any) -> Callable[[Any], Any] | None:
+    """How to turn an object's own ``state_dict()`` into torch's ``get_*_state_dict`` of it, when
+    that is a mere renaming proved on this pair; None when it is not."""
+    if _same_value(plain, wanted):  # a model: the same names and tensors
+        return lambda state: state
+    try:
+        groups, theirs = plain["param_groups"], wanted["param_groups"]
+        names = {index: name for group, other in zip(groups, theirs, strict=True)
+                 for index, name in zip(group["params"], other["params"], strict=True)}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+    def rename(state: Any) -> Any:
+        return {"state": {names[index]: value for index, value in state["state"].items()},
+                "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                 for group in state["param_groups"]]}
+
+    try:
+        renamed = rename(plain)
+    except (KeyError, TypeError):
+        return None
+    return rename if _same_value(renamed, wanted) else None
 
 
 class ShardLayout:
