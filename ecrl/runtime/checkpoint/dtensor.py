@@ -201,25 +201,21 @@ def _same_value(a: Any, b: Any) -> bool:
 def _learn_translation(plain: Any, wanted: Any) -> Callable[[Any], Any] | None:
     """How to turn an object's own ``state_dict()`` into torch's ``get_*_state_dict`` of it, when
     that is a mere renaming proved on this pair; None when it is not."""
-    if _same_value(plain, wanted):  # a model: the same names and tensors
-        return lambda state: state
     try:
+        if _same_value(plain, wanted):  # a model: the same names and tensors
+            return lambda state: state
         groups, theirs = plain["param_groups"], wanted["param_groups"]
         names = {index: name for group, other in zip(groups, theirs, strict=True)
                  for index, name in zip(group["params"], other["params"], strict=True)}
-    except (KeyError, TypeError, ValueError):
-        return None
 
-    def rename(state: Any) -> Any:
-        return {"state": {names[index]: value for index, value in state["state"].items()},
-                "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
-                                 for group in state["param_groups"]]}
+        def rename(state: Any) -> Any:
+            return {"state": {names[index]: value for index, value in state["state"].items()},
+                    "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                     for group in state["param_groups"]]}
 
-    try:
-        renamed = rename(plain)
-    except (KeyError, TypeError):
+        return rename if _same_value(rename(plain), wanted) else None
+    except (KeyError, TypeError, ValueError, RuntimeError):  # not a renaming (an array's ==)
         return None
-    return rename if _same_value(renamed, wanted) else None
 
 
 class ShardLayout:
