@@ -177,3 +177,12 @@ def test_a_piece_of_another_dtype_is_refused() -> None:
     whole = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     with pytest.raises(CheckpointError, match="do not fit"):
         _rebuild_pieces_of(whole, whole, [([0, 0], [2, 3])], dtype="float64")
+
+
+def test_a_forged_whole_shape_is_refused_before_anything_that_size_is_allocated() -> None:
+    """A manifest naming a whole of 10^15 elements over one real piece of 35: refused from the
+    pieces' count, never allocated (that would be 4 PB)."""
+    whole = torch.arange(35, dtype=torch.float32).reshape(5, 7)
+    with pytest.raises(CheckpointError, match="cover 35 of its"):
+        _rebuild_pieces_of(whole, torch.empty((10**14, 10), device="meta"),
+                           [([0, 0], [5, 7])])

@@ -47,6 +47,7 @@ __all__ = ["FullStates", "ShardLayout", "is_dtensor", "is_sharded_module",
            "is_sharded_optimizer"]
 
 
+@functools.cache
 def _dtensor() -> type | None:
     try:
         from torch.distributed.tensor import DTensor

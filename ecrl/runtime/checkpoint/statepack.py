@@ -253,9 +253,9 @@ def _assemble(inner: Any, tensor: Callable[[int], torch.Tensor], where: object) 
     if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape) \
             or not isinstance(dtype, torch.dtype):
         raise bad(f"have no valid whole shape and dtype ({shape!r}, {name!r})")
-    whole = torch.empty(shape, dtype=dtype)
-    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    covered = 0
+    # Every piece is read and checked before the whole is allocated: a forged shape cannot make
+    # a load allocate more than the bytes the checkpoint really holds.
+    placed: list[tuple[tuple[int, ...], torch.Tensor]] = []
     for item in inner["pieces"]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
                 and isinstance(item[1], list) and len(item[1]) == len(shape)
@@ -267,18 +267,20 @@ def _assemble(inner: Any, tensor: Callable[[int], torch.Tensor], where: object) 
                 any(a + n > total for a, n, total in zip(start, size, shape, strict=True)):
             raise bad(f"do not fit the whole tensor (a {piece.dtype} piece of {list(size)} at "
                       f"{list(start)} in {name} {shape})")
-        for other_start, other_size in boxes:
+        for other_start, other in placed:
             if all(a < b + m and b < a + n for a, n, b, m
-                   in zip(start, size, other_start, other_size, strict=True)):
+                   in zip(start, size, other_start, other.shape, strict=True)):
                 raise bad(f"overlap (at {list(start)} and {list(other_start)})")
-        boxes.append((start, size))
-        covered += piece.numel()
+        placed.append((start, piece))
+    covered, count = sum(piece.numel() for _, piece in placed), math.prod(shape)
+    if covered != count:
+        raise bad(f"cover {covered} of its {count} elements")
+    whole = torch.empty(shape, dtype=dtype)
+    for start, piece in placed:
         target = whole
-        for dim, (a, n) in enumerate(zip(start, size, strict=True)):
+        for dim, (a, n) in enumerate(zip(start, piece.shape, strict=True)):
             target = target.narrow(dim, a, n)
         target.copy_(piece)
-    if covered != whole.numel():
-        raise bad(f"cover {covered} of its {whole.numel()} elements")
     return whole
 
 
