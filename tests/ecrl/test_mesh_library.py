@@ -125,9 +125,46 @@ def _mesh_worker(rank: int, port: int, out: str) -> None:
         found["batch"] = next(iter(sampler))
         hsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
         found["hsdp"] = coords_from_mesh(hsdp, world_size=4).as_fields()
+        found["layouts"] = _layouts(rank, hsdp)
         Path(out, f"{rank}.json").write_text(json.dumps(found))
     finally:
         dist.destroy_process_group()
+
+
+def _layouts(rank: int, mesh: Any) -> list[Any]:
+    """Three checkpoints' shard layouts of an HSDP-placed state through one box cache (the
+    sharded checkpointer's): each layout's pieces and owners, and whether it gathered every
+    rank's boxes (a real all_gather_object, counted)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from ecrl.runtime.checkpoint import statepack
+    from ecrl.runtime.checkpoint.dtensor import ShardLayout
+
+    gathers = []
+    real = dist.all_gather_object
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        gathers.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_gather_object = counted
+    boxes: dict[Any, Any] = {}
+    out = []
+    try:
+        for rows in (8, 8, 6):  # the third checkpoint's tensor has another whole shape
+            whole = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
+            state = {"w": distribute_tensor(whole, mesh, [Replicate(), Shard(0)]), "n": 1}
+            shards = ShardLayout(boxes)
+            tree, values, entries = statepack.encode_tree(state, distributed=shards)
+            before = len(gathers)
+            owners = shards.lay_out(values, entries, rank=rank, world_size=4)
+            out.append({"tree": tree, "owners": owners, "gathered": len(gathers) - before,
+                        "shapes": [e["shape"] for e in entries]})
+    finally:
+        dist.all_gather_object = real
+    return out
 
 
 def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
@@ -145,6 +182,14 @@ def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
         assert found["full"] == expected and found["sub"] == expected
         assert found["batch"] == semantics.shard(geometry, 0, 0, rank // 2, 2).tolist()
         assert found["hsdp"] == {"dp_rank": rank, "dp_size": 4, "tp_rank": 0, "tp_size": 1}
+        # The shard layout gathers every rank's boxes only when the geometries change: the
+        # second checkpoint (same geometry) reuses the first's, pieces and owners alike.
+        first, second, third = found["layouts"]
+        assert [first["gathered"], second["gathered"], third["gathered"]] == [1, 0, 1]
+        assert second == {**first, "gathered": 0}
+        # two boxes (the replica groups share them, written once, by ranks 0 and 1)
+        assert first["owners"] == [0, 1] and first["shapes"] == [[4, 3], [4, 3]]
+        assert third["owners"] == [0, 1] and third["shapes"] == [[3, 3], [3, 3]]
 
 
 def test_a_mesh_run_written_through_the_library_verifies(monkeypatch: pytest.MonkeyPatch,

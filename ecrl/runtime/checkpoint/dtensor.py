@@ -219,6 +219,10 @@ def _learn_translation(plain: Any, wanted: Any) -> Callable[[Any], Any] | None:
         return None
 
 
+_GATHERED = "every rank's boxes"
+"""The key under which :class:`ShardLayout` keeps the last gathered boxes, by geometries."""
+
+
 class ShardLayout:
     """The DTensors of one checkpoint's state, laid out as pieces that their ranks write.
 
@@ -228,9 +232,11 @@ class ShardLayout:
     from one checkpoint to the next (DCP's account of a box costs about 20 µs a tensor, and a
     model's geometry does not change during an attempt)."""
 
-    def __init__(self, boxes: dict[tuple[Any, ...], tuple[Any, list[int] | None]]) -> None:
+    def __init__(self, boxes: dict[Any, Any]) -> None:
         self._leaves: list[tuple[dict[str, Any], torch.Tensor, list[int], list[int]]] = []
         """Per DTensor: its node, this rank's local tensor, the whole shape, the box's offsets."""
+        self._geometries: list[tuple[Any, ...]] = []
+        """Per DTensor: its geometry (the key of ``boxes``)."""
         self._boxes = boxes
 
     def __bool__(self) -> bool:
@@ -240,6 +246,7 @@ class ShardLayout:
         """The offsets of this rank's box of ``dt`` in the whole tensor; None when its local
         shard is not one box of it."""
         key = (tuple(dt.shape), dt.placements, id(dt.device_mesh))
+        self._geometries.append(key)
         known = self._boxes.get(key)
         if known is not None and known[0] is dt.device_mesh:
             return known[1]
@@ -274,8 +281,18 @@ class ShardLayout:
         mine = [(list(local.shape), offsets) for _node, local, _shape, offsets in self._leaves]
         everyone: list[Any] = [mine]
         if world_size > 1:
-            everyone = [None] * world_size
-            dist.all_gather_object(everyone, mine)
+            # Every rank's boxes follow from the geometries (whole shapes, placements, mesh),
+            # which are the same on every rank: when they are this rank's previous checkpoint's,
+            # they are every rank's previous ones, and so are the boxes — no collective then
+            # (the state's sameness across ranks is checked with each commit).
+            geometries = tuple(self._geometries)
+            previous = self._boxes.get(_GATHERED)
+            if previous is not None and previous[0] == geometries:
+                everyone = previous[1]
+            else:
+                everyone = [None] * world_size
+                dist.all_gather_object(everyone, mine)
+                self._boxes[_GATHERED] = (geometries, everyone)
         owners: list[int | None] = [None] * len(entries)
         for index, (node, local, shape, _offsets) in enumerate(self._leaves):
             pieces: list[list[Any]] = []
