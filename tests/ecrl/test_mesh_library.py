@@ -132,7 +132,7 @@ def _mesh_worker(rank: int, port: int, out: str) -> None:
 
 
 def _layouts(rank: int, mesh: Any) -> list[Any]:
-    """Three checkpoints' shard layouts of an HSDP-placed state through one box cache (the
+    """Four checkpoints' shard layouts of an HSDP-placed state through one box cache (the
     sharded checkpointer's): each layout's pieces and owners, and whether it gathered every
     rank's boxes (a real all_gather_object, counted)."""
     import torch
@@ -153,15 +153,18 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
     boxes: dict[Any, Any] = {}
     out = []
     try:
-        for rows in (8, 8, 6):  # the third checkpoint's tensor has another whole shape
-            whole = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
+        # the third checkpoint's tensor has another whole shape, the fourth another dtype
+        for rows, dtype in ((8, torch.float32), (8, torch.float32), (6, torch.float32),
+                            (6, torch.float64)):
+            whole = torch.arange(rows * 3, dtype=dtype).reshape(rows, 3)
             state = {"w": distribute_tensor(whole, mesh, [Replicate(), Shard(0)]), "n": 1}
             shards = ShardLayout(boxes)
             tree, values, entries = statepack.encode_tree(state, distributed=shards)
             before = len(gathers)
             owners = shards.lay_out(values, entries, rank=rank, world_size=4)
             out.append({"tree": tree, "owners": owners, "gathered": len(gathers) - before,
-                        "shapes": [e["shape"] for e in entries]})
+                        "shapes": [e["shape"] for e in entries],
+                        "bytes": [e["nbytes"] for e in entries]})
     finally:
         dist.all_gather_object = real
     return out
@@ -184,9 +187,11 @@ def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
         assert found["hsdp"] == {"dp_rank": rank, "dp_size": 4, "tp_rank": 0, "tp_size": 1}
         # The shard layout gathers every rank's boxes only when the geometries change: the
         # second checkpoint (same geometry) reuses the first's, pieces and owners alike.
-        first, second, third = found["layouts"]
-        assert [first["gathered"], second["gathered"], third["gathered"]] == [1, 0, 1]
+        first, second, third, fourth = found["layouts"]
+        assert [layout["gathered"] for layout in found["layouts"]] == [1, 0, 1, 1]
         assert second == {**first, "gathered": 0}
+        assert third["bytes"] == [36, 36] and fourth["bytes"] == [72, 72]
+        assert fourth["tree"]["w"]["$sharded"]["dtype"] == "float64"
         # two boxes (the replica groups share them, written once, by ranks 0 and 1)
         assert first["owners"] == [0, 1] and first["shapes"] == [[4, 3], [4, 3]]
         assert third["owners"] == [0, 1] and third["shapes"] == [[3, 3], [3, 3]]

@@ -271,43 +271,61 @@ class ShardLayout:
         self._leaves.append((node, dt._local_tensor.detach(), list(dt.shape), offsets))
         return node
 
+    @staticmethod
+    def _plan(index: int, local: torch.Tensor, everyone: list[Any],
+              rank: int) -> list[tuple[int, dict[str, Any], list[int], torch.Tensor | None]]:
+        """The pieces of leaf ``index``: per distinct non-empty box, its holder (the lowest rank
+        that holds it), its manifest entry, its offsets, and a meta tensor standing for another
+        rank's piece (None for this rank's own)."""
+        plan: list[tuple[int, dict[str, Any], list[int], torch.Tensor | None]] = []
+        seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+        for holder, boxes in enumerate(everyone):
+            size, offsets = boxes[index]
+            box = (tuple(size), tuple(offsets))
+            count = math.prod(size)
+            if box in seen or not count:
+                continue
+            seen.add(box)
+            entry = {"dtype": dtype_name(local.dtype), "shape": list(size),
+                     "nbytes": count * local.element_size()}
+            plan.append((holder, entry, list(offsets), None if holder == rank else
+                         torch.empty(size, dtype=local.dtype, device="meta")))
+        return plan
+
     def lay_out(self, values: list[Any], entries: list[dict[str, Any]], *, rank: int,
                 world_size: int) -> list[int | None]:
         """Append every rank's pieces to ``values`` and ``entries`` (other ranks' pieces as
         meta tensors: only their dtype and shape are used here) and fill the nodes; returns the
-        owner of each entry (None: any rank may write it). A collective."""
+        owner of each entry (None: any rank may write it). A collective at the first checkpoint
+        and whenever the geometries change."""
         import torch.distributed as dist
 
-        mine = [(list(local.shape), offsets) for _node, local, _shape, offsets in self._leaves]
-        everyone: list[Any] = [mine]
-        if world_size > 1:
-            # Every rank's boxes follow from the geometries (whole shapes, placements, mesh),
-            # which are the same on every rank: when they are this rank's previous checkpoint's,
-            # they are every rank's previous ones, and so are the boxes — no collective then
-            # (the state's sameness across ranks is checked with each commit).
-            geometries = tuple(self._geometries)
-            previous = self._boxes.get(_GATHERED)
-            if previous is not None and previous[0] == geometries:
-                everyone = previous[1]
-            else:
+        # Every rank's boxes follow from the geometries (whole shapes, placements, mesh), which
+        # are the same on every rank: when they (and the dtypes) are this rank's previous
+        # checkpoint's, they are every rank's previous ones, and so are the boxes and the plan
+        # made of them — no collective then (the state's sameness across ranks is checked with
+        # each commit).
+        signature = (tuple(self._geometries), tuple(local.dtype for _n, local, _s, _o
+                                                    in self._leaves))
+        previous = self._boxes.get(_GATHERED)
+        if previous is not None and previous[0] == signature:
+            plan = previous[1]
+        else:
+            mine = [(list(local.shape), offsets) for _node, local, _shape, offsets
+                    in self._leaves]
+            everyone: list[Any] = [mine]
+            if world_size > 1:
                 everyone = [None] * world_size
                 dist.all_gather_object(everyone, mine)
-                self._boxes[_GATHERED] = (geometries, everyone)
+            plan = [self._plan(index, local, everyone, rank)
+                    for index, (_node, local, _shape, _offsets) in enumerate(self._leaves)]
+            self._boxes[_GATHERED] = (signature, plan)
         owners: list[int | None] = [None] * len(entries)
-        for index, (node, local, shape, _offsets) in enumerate(self._leaves):
+        for (node, local, shape, _offsets), pieces_plan in zip(self._leaves, plan, strict=True):
             pieces: list[list[Any]] = []
-            seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-            for holder, boxes in enumerate(everyone):
-                size, offsets = boxes[index]
-                box = (tuple(size), tuple(offsets))
-                count = math.prod(size)
-                if box in seen or not count:
-                    continue
-                seen.add(box)
-                entries.append({"dtype": dtype_name(local.dtype), "shape": list(size),
-                                "nbytes": count * local.element_size()})
-                values.append(local if holder == rank else
-                              torch.empty(size, dtype=local.dtype, device="meta"))
+            for holder, entry, offsets, other in pieces_plan:
+                entries.append(dict(entry))
+                values.append(local if other is None else other)
                 owners.append(holder)
                 pieces.append([len(entries) - 1, list(offsets)])
             node[SHARDED] = {"dtype": dtype_name(local.dtype), "shape": shape, "pieces": pieces}
