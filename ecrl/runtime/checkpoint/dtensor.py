@@ -17,14 +17,15 @@ one full copy of the state per checkpoint, gathered over the network and written
 sharded strategies (``sharded``, ``sharded-async``) write the shards where they live instead:
 the boundary takes each rank's own shards (``full_state_dict=False``: no collective, no copy),
 :class:`ShardLayout` stands each DTensor in the state tree by a ``$sharded`` node whose pieces are
-the ranks' local boxes (one small ``all_gather_object`` of their offsets and sizes per
-checkpoint; a box that several ranks hold, as HSDP's replica groups do, is written once, by the
-lowest of them), and every rank writes its own pieces into its part of the checkpoint. Loading
-tiles the pieces back into whole tensors (:func:`ecrl.runtime.checkpoint.statepack.rebuild`,
-which refuses pieces that overlap, leave a gap or run outside the tensor), handed to
-``set_*_state_dict`` as above, so a resume at another mesh reshards the same way. A DTensor
-whose shards are not one box of the whole (a dimension sharded twice, FSDP over tensor
-parallelism: ``_StridedShard``) is gathered whole (``full_tensor``) and saved like any tensor.
+the ranks' local boxes (one small ``all_gather_object`` of their offsets and sizes at the first
+checkpoint and whenever the geometries change; a box that several ranks hold, as HSDP's replica
+groups do, is written once, by the lowest of them), and every rank writes its own pieces into its
+part of the checkpoint. Loading tiles the pieces back into whole tensors
+(:func:`ecrl.runtime.checkpoint.statepack.rebuild`, which refuses pieces that overlap, leave a gap
+or run outside the tensor), handed to ``set_*_state_dict`` as above, so a resume at another mesh
+reshards the same way. A DTensor whose shards are not one box of the whole (a dimension sharded
+twice, FSDP over tensor parallelism: ``_StridedShard``) is gathered whole (``full_tensor``) and
+saved like any tensor.
 
 ``jit`` is refused: a rescue copies the live state of a survivor, and no rank of an FSDP mesh
 holds a full replica to copy.
