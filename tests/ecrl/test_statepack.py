@@ -186,3 +186,22 @@ def test_a_forged_whole_shape_is_refused_before_anything_that_size_is_allocated(
     with pytest.raises(CheckpointError, match="cover 35 of its"):
         _rebuild_pieces_of(whole, torch.empty((10**14, 10), device="meta"),
                            [([0, 0], [5, 7])])
+
+
+def test_tensor_references_are_read_in_the_encoders_order_and_renumbered_in_place() -> None:
+    """A subtree encoded on its own (RNG states gathered after the boundary) is put where an
+    earlier encoding's stand-in was: its i-th tensor takes the stand-in's i-th index."""
+    rngs = {"world_size": 2, "ranks": [statepack.rng_state(), statepack.rng_state()]}
+    state = {"model": {"w": torch.ones(2), "b": torch.zeros(1)}, "rng": rngs,
+             "odd": {1: np.arange(3), "t": (torch.ones(1), 2.5)}}
+    tree, values, _entries = statepack.encode_tree(state)
+    assert statepack.tensor_refs(tree) == list(range(len(values)))
+    where = statepack.tensor_refs(tree["rng"])
+    assert where == list(range(2, 8))  # after the model's two tensors, in walk order
+    alone, alone_values, _ = statepack.encode_tree(rngs)
+    assert statepack.tensor_refs(alone) == list(range(len(alone_values))) == list(range(6))
+    placed = statepack.renumber_refs(alone, where)
+    assert placed == tree["rng"]
+    assert statepack.tensor_refs(statepack.renumber_refs(tree["odd"], [40, 41])) == [40, 41]
+    with pytest.raises(ValueError, match="more indices"):
+        statepack.renumber_refs(alone, [*where, 99])

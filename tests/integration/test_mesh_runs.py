@@ -128,6 +128,33 @@ def test_sharded_checkpoints_of_fsdp_hold_each_ranks_shards_and_resume_bit_ident
             for i, _ in pieces] == [([16, 32], 0), ([16, 32], 1)]
     moment = manifest["tree"]["optimizer"]["state"]["blocks.0.attn.q.weight"]
     assert any("$sharded" in value for value in moment.values() if isinstance(value, dict))
+    _holds_each_ranks_rng_streams(fsdp2_sharded.root / "checkpoints" / latest["path"],
+                                  latest, seed=5)
+
+
+def _holds_each_ranks_rng_streams(directory: Path, latest: dict[str, object], *,
+                                  seed: int) -> None:
+    """The checkpoint holds rank r's RNG streams in rank r's place: those the step boundary
+    seeded (the run's seed, the rank, the next step), different on the two ranks. sharded-async
+    gathers them with the commit, on its own thread, after the boundary."""
+    import numpy as np
+
+    from ecrl.contract.shardfile import read_verified_shards
+    from ecrl.runtime.checkpoint import sharded, statepack
+    from ecrl.runtime.checkpoint.checkpointer import rank_seed, seed_all
+
+    saved = sharded.load(read_verified_shards(directory,
+                                              expected_checksum=str(latest["checksum"])))
+    ranks = saved["rng"]["ranks"]
+    assert saved["rng"]["world_size"] == len(ranks) == 2
+    step = int(str(latest["global_step"]))
+    for rank, streams in enumerate(ranks):
+        seed_all(rank_seed(seed, rank, step + 1))
+        expected = statepack.rng_state()
+        assert torch.equal(streams["torch"], expected["torch"]), rank
+        assert np.array_equal(streams["python"]["words"], expected["python"]["words"]), rank
+        assert np.array_equal(streams["numpy"][1], expected["numpy"][1]), rank
+    assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
 
 
 @pytest.fixture(scope="module")

@@ -80,6 +80,7 @@ from ecrl.runtime.checkpoint.persist import (
 )
 from ecrl.runtime.checkpoint.registry import built_strategies, strategy_class
 from ecrl.runtime.checkpoint.strategies import (
+    RNG_KEY,
     BlockingCheckpoints,
     CheckpointContext,
     Strategy,
@@ -100,7 +101,6 @@ from ecrl.runtime.settings import (
 
 __all__ = ["Checkpointer", "seed_all", "rank_seed"]
 
-RNG_KEY = "rng"
 
 
 def seed_all(seed: int) -> None:

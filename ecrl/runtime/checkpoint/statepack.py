@@ -31,6 +31,9 @@ from ecrl.contract.ckptfile import (
 __all__ = [
     "EncodedState",
     "encode",
+    "encode_tree",
+    "tensor_refs",
+    "renumber_refs",
     "snapshot_into",
     "snapshot_tensors",
     "decode",
@@ -116,6 +119,50 @@ def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None
         )
 
     return walk(state, "state"), tensors, entries
+
+
+def _is_ref(node: Any) -> bool:
+    return isinstance(node, dict) and len(node) == 1 and (_TENSOR in node or _NDARRAY in node)
+
+
+def tensor_refs(tree: Any) -> list[int]:
+    """The tensor indices an :func:`encode_tree` tree (without sharded nodes) refers to, in the
+    order the encoder walked them."""
+    found: list[int] = []
+
+    def walk(node: Any) -> None:
+        if _is_ref(node):
+            found.append(int(next(iter(node.values()))))
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(tree)
+    return found
+
+
+def renumber_refs(tree: Any, indices: Sequence[int]) -> Any:
+    """``tree`` (as :func:`tensor_refs` reads it) with its i-th tensor reference pointing at
+    ``indices[i]`` instead."""
+    given = iter(indices)
+
+    def walk(node: Any) -> Any:
+        if _is_ref(node):
+            (tag,) = node
+            return {tag: next(given)}
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return node
+
+    renumbered = walk(tree)
+    if next(given, None) is not None:
+        raise ValueError("more indices than the tree has tensor references")
+    return renumbered
 
 
 def snapshot_into(state: EncodedState, image: memoryview) -> None:

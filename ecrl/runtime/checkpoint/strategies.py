@@ -49,11 +49,14 @@ from ecrl.runtime.checkpoint.pipeline import (
 )
 from ecrl.runtime.failure import disk_error
 
-__all__ = ["CheckpointContext", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
+__all__ = ["CheckpointContext", "RNG_KEY", "Strategy", "NoCheckpoints", "BlockingCheckpoints",
            "OverlappedCheckpoints", "make_strategy"]
 
 Capture = Callable[[list[dict[str, Any]]], Any]
 """Given every rank's RNG states (rank order), the state tree to save."""
+
+RNG_KEY = "rng"
+"""Where a captured state tree holds every rank's RNG states: ``{"world_size", "ranks"}``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

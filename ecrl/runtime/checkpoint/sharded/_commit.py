@@ -54,7 +54,7 @@ from ecrl.runtime.checkpoint.sharded._storage import (
     shard_name,
     take_recycled,
 )
-from ecrl.runtime.checkpoint.strategies import CheckpointContext, Strategy
+from ecrl.runtime.checkpoint.strategies import RNG_KEY, CheckpointContext, Strategy
 
 
 def _done_event() -> threading.Event:
@@ -69,6 +69,18 @@ def _placed(chunks: dict[int, torch.Tensor], place: tuple[int, int], like: torch
     chunk, offset = place
     nbytes = like.numel() * like.element_size()
     return chunks[chunk].narrow(0, offset, nbytes).view(like.dtype).view(like.shape)
+
+
+def _tensor_key(index: int) -> str:
+    """A manifest tensor's key among a job's tensors."""
+    return f"t{index:05d}"
+
+
+def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A state value as the tensor a chunk holds (a NumPy array as its bytes)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+    return value
 
 
 @dataclass(slots=True)
@@ -100,6 +112,9 @@ class _Job:
     """False when the pipelined copy's guard found a deferred tensor written to."""
     extra: dict[str, Any] = field(default_factory=dict)
     """More fields for the checkpoint event."""
+    own_rng: dict[str, Any] | None = None
+    """This rank's RNG states, when its capture stood them in for every rank's (async): the
+    commit gathers the others' (:meth:`ShardedCheckpoints._fill_rngs`)."""
 
 
 class ShardedSaveFailed(RuntimeError):
@@ -150,6 +165,28 @@ class ShardedCheckpoints(Strategy):
         dist.all_gather_object(everyone, mine)
         return everyone
 
+    def _fill_rngs(self, job: _Job) -> None:
+        """Gather every rank's RNG states (on the commit's own group) and put them where the
+        capture's stand-ins are: in the tree, and in the staged copies this rank writes."""
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, job.own_rng, group=self._group)
+        tree, values, entries = statepack.encode_tree(
+            {"world_size": self.ctx.world_size, "ranks": everyone})
+        indices = statepack.tensor_refs(job.tree[RNG_KEY])
+        shape_of = [{k: e[k] for k in ("dtype", "shape", "nbytes")} for e in entries]
+        if len(indices) != len(entries) or any(
+                {k: job.entries[i][k] for k in ("dtype", "shape", "nbytes")} != theirs
+                for i, theirs in zip(indices, shape_of, strict=False)):
+            raise CheckpointError(
+                f"sharded checkpoint of step {job.step}: the RNG states of the ranks differ in "
+                "their shapes (another CUDA device count or NumPy generator on some rank)")
+        job.tree[RNG_KEY] = statepack.renumber_refs(tree, indices)
+        for index, value in zip(indices, values, strict=True):
+            staged = job.tensors.get(_tensor_key(index))
+            if staged is not None:  # in a chunk this rank writes
+                staged.copy_(_as_tensor(value))
+        job.own_rng = None
+
     def _same_everywhere(self, tree: Any, entries: list[dict[str, Any]]) -> None:
         if self.ctx.world_size == 1:
             return
@@ -183,9 +220,7 @@ class ShardedCheckpoints(Strategy):
                                           self.ctx.world_size, owners)
         for index, (value, entry, (chunk, offset)) in enumerate(
                 zip(values, entries, places, strict=True)):
-            if isinstance(value, np.ndarray):
-                value = torch.from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
-            tensors[f"t{index:05d}"] = value
+            tensors[_tensor_key(index)] = _as_tensor(value)
             entry["chunk"], entry["offset"] = chunk, offset
         return _Job(step=step, tensors=tensors, tree=tree, entries=entries, places=places,
                     chunk_sizes=chunk_sizes, meta=self.ctx.meta(step),
@@ -215,6 +250,8 @@ class ShardedCheckpoints(Strategy):
             crash.at("during-persist")
             if not self._agree(job):
                 return
+        if job.own_rng is not None:
+            self._fill_rngs(job)
         self._same_everywhere(job.tree, job.entries)
         directory = ctx.paths.checkpoints
         name = shard_name(job.step)
@@ -365,6 +402,20 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._stage(job)
             if job.staging is not None:
                 self._free.append(job.staging)
+
+    def _capture(self, step: int) -> _Job:
+        t0 = time.perf_counter()
+        self.prepare()
+        mine = statepack.rng_state()
+        if not self._distributed or self.ctx.world_size == 1:
+            return self._job(self.ctx.capture([mine]), step, t0)
+        # Every rank's RNG states are gathered with the commit, on its thread, rather than at
+        # the boundary, where that first collective would also take in the ranks' skew: until
+        # then this rank's own stand in for every rank's (the same dtypes and shapes, so the
+        # same layout), and _fill_rngs puts the real ones in their place.
+        job = self._job(self.ctx.capture([mine] * self.ctx.world_size), step, t0)
+        job.own_rng = mine
+        return job
 
     def _settle(self, future: Future[None], job: _Job) -> None:
         try:
