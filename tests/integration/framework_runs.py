@@ -31,6 +31,16 @@ def run_script(command: Sequence[str], env: dict[str, str]) -> subprocess.Comple
                           timeout=RUN_TIMEOUT_S)
 
 
+def assert_launch_ended(done: subprocess.CompletedProcess[str], *, killed: bool = False) -> None:
+    """A torchrun-based launch completed, or (``killed``) ended by the script's own kill of a
+    rank (``os._exit(137)``, which torchrun reports as its own exit 1 with the rank's exit code):
+    never a launch that failed for another reason (a start-up error is not the kill a test
+    asked for)."""
+    assert (done.returncode != 0) == killed, done.stderr[-3000:]
+    if killed:
+        assert "exitcode  : 137" in done.stderr, done.stderr[-3000:]
+
+
 def ecrl_launch(out: Path, launch_args: Sequence[str], script: Path, script_args: Sequence[str],
                 env: dict[str, str]) -> tuple[Path, str]:
     """``ecrl launch --out OUT LAUNCH_ARGS -- python SCRIPT SCRIPT_ARGS``, which must complete:

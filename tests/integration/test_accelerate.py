@@ -32,6 +32,7 @@ pytest.importorskip("accelerate")
 import torch
 from framework_runs import (
     ROOT,
+    assert_launch_ended,
     assert_resumed_by_the_framework,
     ecrl_launch,
     framework_env,
@@ -51,32 +52,32 @@ FAIL_AT = 12  # checkpoints every 3 steps: the resume starts after step 11 (epoc
 
 def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
     several = ["--multi_gpu"] if processes > 1 else []  # torchrun; the script asks for the CPU
+    # Port 0: Accelerate picks a free one. Its default (29500) is checked before torchrun binds
+    # it, seconds later: two launches of this module's parallel chains (or another worker's)
+    # could both take it, and one fails at start-up.
     return run_script([sys.executable, "-m", "accelerate.commands.launch", *several,
+                       "--main_process_port", "0",
                        "--num_processes", str(processes), "--num_machines", "1",
                        "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT),
                        "--out", str(out), "--steps", str(STEPS), *args], framework_env(PREFIX))
 
 
-def _ok(done: subprocess.CompletedProcess[str], code: int = 0) -> None:
-    assert (done.returncode == 0) == (code == 0), done.stderr[-3000:]
-
-
 def _audit_and_reference(base: Path) -> None:
     audit = base / "audit"
-    _ok(_launch(audit, "--fail-at", str(FAIL_AT)), 1)  # torchrun reports the killed rank
-    _ok(_launch(audit))
-    _ok(_launch(base / "reference", "--exact"))
+    assert_launch_ended(_launch(audit, "--fail-at", str(FAIL_AT)), killed=True)
+    assert_launch_ended(_launch(audit))
+    assert_launch_ended(_launch(base / "reference", "--exact"))
 
 
 def _exact(base: Path) -> None:
     exact = base / "exact"
-    _ok(_launch(exact, "--exact", "--fail-at", str(FAIL_AT)), 1)
-    _ok(_launch(exact, "--exact"))
+    assert_launch_ended(_launch(exact, "--exact", "--fail-at", str(FAIL_AT)), killed=True)
+    assert_launch_ended(_launch(exact, "--exact"))
     # The documented resume at an epoch's end: save_state every 8 steps (an epoch), killed
     # after step 9, resumed after step 7.
     end = base / "audit-epoch-end"
-    _ok(_launch(end, "--ckpt-every", "8", "--fail-at", "9"), 1)
-    _ok(_launch(end, "--ckpt-every", "8"))
+    assert_launch_ended(_launch(end, "--ckpt-every", "8", "--fail-at", "9"), killed=True)
+    assert_launch_ended(_launch(end, "--ckpt-every", "8"))
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ pytest.importorskip("transformers")
 import torch
 from framework_runs import (
     ROOT,
+    assert_launch_ended,
     assert_resumed_by_the_framework,
     ecrl_launch,
     framework_env,
@@ -63,22 +64,15 @@ def _launch(out: Path, *args: str, processes: int = 2) -> subprocess.CompletedPr
                        "--steps", str(STEPS), *args], _env())
 
 
-def _ok(done: subprocess.CompletedProcess[str], killed: bool = False) -> None:
-    # torchrun reports a rank killed by os._exit(137) as its own exit 1.
-    assert (done.returncode != 0) == killed, done.stderr[-3000:]
-    if killed:
-        assert "exitcode  : 137" in done.stderr, done.stderr[-3000:]
-
-
 def _audit(base: Path) -> None:
     """Killed after step 6 and after step 8 at 2 ranks, then finished."""
     run = base / "audit"
-    _ok(_launch(run, "--fail-at", str(FAILS[0])), killed=True)
-    _ok(_launch(run, "--fail-at", str(FAILS[1])), killed=True)
-    _ok(_launch(run))
+    assert_launch_ended(_launch(run, "--fail-at", str(FAILS[0])), killed=True)
+    assert_launch_ended(_launch(run, "--fail-at", str(FAILS[1])), killed=True)
+    assert_launch_ended(_launch(run))
     # Uninterrupted, on one rank: its global windows are those of 2 ranks (the Trainer's
     # sampler draws one order of the data set, and Accelerate deals its batches out in turn).
-    _ok(_launch(base / "audit-reference", processes=1))
+    assert_launch_ended(_launch(base / "audit-reference", processes=1))
 
 
 def _exact(base: Path) -> None:
@@ -86,7 +80,7 @@ def _exact(base: Path) -> None:
                                               ",".join(map(str, FAILS))],
                              SCRIPT, ["--exact", "--steps", str(STEPS)], _env())
     (base / "exact-launch.txt").write_text(printed)
-    _ok(_launch(base / "exact-reference", "--exact"))
+    assert_launch_ended(_launch(base / "exact-reference", "--exact"))
 
 
 @pytest.fixture(scope="module")
