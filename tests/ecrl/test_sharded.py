@@ -534,3 +534,50 @@ def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(
         _train(tmp_path, strategy="sharded")
     latest = read_latest(RunPaths.of(tmp_path))
     assert latest is not None and latest.global_step == 3
+
+
+def _unlike_rngs_worker(rank: int, port: int, run: str) -> None:
+    """Rank ``rank`` of a 2-rank sharded-async run whose rank 1 has one more RNG stream, as a
+    rank that sees a CUDA device beside one that sees none would."""
+    import torch.distributed as dist
+
+    from ecrl.runtime.checkpoint import statepack
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        if rank == 1:
+            plain = statepack.rng_state
+
+            def with_a_device() -> dict[str, Any]:
+                return {**plain(), "cuda": [torch.arange(16, dtype=torch.uint8)]}
+
+            statepack.rng_state = with_a_device
+        _train(Path(run), strategy="sharded-async", steps=12, every=4)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path) -> None:
+    """sharded-async gathers the ranks' RNG states with the commit, each rank's own standing in
+    for all until then — which only works when they have the same shapes. Ranks whose states
+    differ (different CUDA device counts) are found at the first checkpoint and gathered at the
+    boundary instead: the run completes and each rank's states are saved in its place."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from ecrl.runtime.checkpoint import sharded
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_unlike_rngs_worker, args=(port, str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None and latest.global_step == 7
+    saved = sharded.load(read_verified_shards(tmp_path / "checkpoints" / latest.path,
+                                              expected_checksum=latest.checksum))
+    ranks = saved["rng"]["ranks"]
+    assert ranks[0]["cuda"] is None
+    assert [t.tolist() for t in ranks[1]["cuda"]] == [list(range(16))]

@@ -67,11 +67,14 @@ def fsdp2(runs: RunCache) -> Run:
 
 @pytest.fixture(scope="module")
 def fsdp2_sharded(runs: RunCache) -> Run:
-    # The same run with sharded-async checkpoints: every rank writes its own shards.
+    # The same run with sharded-async checkpoints: every rank writes its own shards. One
+    # checkpoint in flight at most, so that each failure finds one committed: the steps take
+    # 40 ms here, and an attempt's first commit (DCP's first save) may outlast the three steps
+    # between the first checkpoint and the failure.
     return _made(runs.get("mesh-fsdp2-sharded", [*GPT, "--parallel", "fsdp", "--world-sizes",
                                                  "2", "--strategy", "sharded-async",
                                                  "--ckpt-every", "2", "--fail-at", "4,8",
-                                                 "--warm-standby"]))
+                                                 "--max-inflight", "1", "--warm-standby"]))
 
 
 @pytest.fixture(scope="module")

@@ -387,6 +387,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
                                           on_torn=self._torn) if ctx.optimizers else None
         self._synchronous = False
         self._staged_ahead = False
+        self._alike: bool | None = None
+        """Whether the ranks' RNG states are alike (:meth:`_rngs_alike`); None: not known yet."""
 
     def prepare(self) -> None:
         super().prepare()
@@ -409,6 +411,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         mine = statepack.rng_state()
         if not self._distributed or self.ctx.world_size == 1:
             return self._job(self.ctx.capture([mine]), step, t0)
+        if not self._rngs_alike(mine):
+            return self._job(self.ctx.capture(self._all_rngs()), step, t0)
         # Every rank's RNG states are gathered with the commit, on its thread, rather than at
         # the boundary, where that first collective would also take in the ranks' skew: until
         # then this rank's own stand in for every rank's (the same dtypes and shapes, so the
@@ -416,6 +420,19 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         job = self._job(self.ctx.capture([mine] * self.ctx.world_size), step, t0)
         job.own_rng = mine
         return job
+
+    def _rngs_alike(self, mine: dict[str, Any]) -> bool:
+        """Whether every rank's RNG states have the same dtypes and shapes, so that this rank's
+        can stand in for all of them (not so with ranks that see different numbers of CUDA
+        devices: then they are gathered at the boundary, as ``sharded`` does). Decided once, by
+        a collective at the attempt's first checkpoint: a rank's devices do not change."""
+        if self._alike is None:
+            _tree, _values, entries = statepack.encode_tree(mine)
+            shapes = [(e["dtype"], e["shape"]) for e in entries]
+            everyone: list[Any] = [None] * self.ctx.world_size
+            dist.all_gather_object(everyone, shapes)
+            self._alike = all(theirs == everyone[0] for theirs in everyone)
+        return self._alike
 
     def _settle(self, future: Future[None], job: _Job) -> None:
         try:
