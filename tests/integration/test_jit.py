@@ -301,7 +301,11 @@ def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
     assert began is not None and resumed > began
     taken = {json.loads(line)["global_step"]
              for line in RunPaths.of(root).checkpoint_log(1).read_text().splitlines()}
-    assert resumed in taken
+    # A blocking commit writes its event after publishing (docs/strategies.md): a kill between
+    # the two leaves attempt 1's last periodic checkpoint without its event, the supervisor's
+    # resume point testifying for it instead.
+    assert resumed in taken or (resumed == max(taken) + 4 == state.attempts[1].last_step), (
+        resumed, taken)
     _same_as(root, jit_reference.root)
     assert _verify(root)["verdict"] == "PASS"
 
