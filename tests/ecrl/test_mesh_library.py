@@ -140,7 +140,7 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from ecrl.runtime.checkpoint import statepack
-    from ecrl.runtime.checkpoint.dtensor import ShardLayout
+    from ecrl.runtime.checkpoint.dtensor import LayoutCache, ShardLayout
 
     gathers = []
     real = dist.all_gather_object
@@ -150,7 +150,7 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
         return real(*args, **kwargs)
 
     dist.all_gather_object = counted
-    boxes: dict[Any, Any] = {}
+    cache = LayoutCache()
     out = []
     try:
         # the third checkpoint's tensor has another whole shape, the fourth another dtype
@@ -158,7 +158,7 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
                             (6, torch.float64)):
             whole = torch.arange(rows * 3, dtype=dtype).reshape(rows, 3)
             state = {"w": distribute_tensor(whole, mesh, [Replicate(), Shard(0)]), "n": 1}
-            shards = ShardLayout(boxes)
+            shards = ShardLayout(cache)
             tree, values, entries = statepack.encode_tree(state, distributed=shards)
             before = len(gathers)
             owners = shards.lay_out(values, entries, rank=rank, world_size=4)

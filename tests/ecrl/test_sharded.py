@@ -50,9 +50,23 @@ class Squares(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.full((4,), float(i)), torch.tensor(i % 2)
 
 
+class _Table:
+    """A Stateful object of 20 kB, checkpointed before the RNG states: with it, sharded
+    checkpoints at 2 ranks place both ranks' RNG states in chunk 1 (written by rank 1)."""
+
+    def __init__(self) -> None:
+        self.table = torch.zeros(5000)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"table": self.table}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.table.copy_(state["table"])
+
+
 def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
-           stop_after: int | None = None, between: Callable[[int], None] | None = None
-           ) -> tuple[list[float], dict[str, torch.Tensor]]:
+           stop_after: int | None = None, between: Callable[[int], None] | None = None,
+           table: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
     _attempt._CACHE.clear()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
@@ -61,8 +75,11 @@ def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
     sampler = ecrl.GlobalBatchSampler(64, 8, seed=0, steps=steps)
     loader = DataLoader(ecrl.WithSampleIds(Squares()), batch_sampler=sampler)
     log = ecrl.StepLog(run, sampler=sampler, steps=steps)
-    ckpt = ecrl.Checkpointer({"model": model, "optimizer": opt, "scheduler": sched,
-                              "sampler": sampler}, log=log, every=every, strategy=strategy)
+    objects: dict[str, Any] = {"model": model, "optimizer": opt, "scheduler": sched,
+                               "sampler": sampler}
+    if table:
+        objects["table"] = _Table()
+    ckpt = ecrl.Checkpointer(objects, log=log, every=every, strategy=strategy)
     losses = []
     start = ckpt.restore()
     for step, (ids, (x, y)) in zip(range(start, steps), loader, strict=True):
@@ -536,9 +553,11 @@ def test_disk_full_is_one_clear_error_and_keeps_the_earlier_checkpoint(
     assert latest is not None and latest.global_step == 3
 
 
-def _unlike_rngs_worker(rank: int, port: int, run: str) -> None:
-    """Rank ``rank`` of a 2-rank sharded-async run whose rank 1 has one more RNG stream, as a
-    rank that sees a CUDA device beside one that sees none would."""
+def _two_rank_worker(rank: int, port: int, run: str, unlike: bool) -> None:
+    """Rank ``rank`` of a 2-rank sharded-async run with a :class:`_Table`; at step 7 (a
+    checkpoint) each rank writes down its RNG states (as the step boundary seeded them, from the
+    rank: they differ). ``unlike``: rank 1 has one more RNG stream, as a rank that sees a CUDA
+    device beside one that sees none would."""
     import torch.distributed as dist
 
     from ecrl.runtime.checkpoint import statepack
@@ -546,23 +565,25 @@ def _unlike_rngs_worker(rank: int, port: int, run: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        if rank == 1:
+        if unlike and rank == 1:
             plain = statepack.rng_state
 
             def with_a_device() -> dict[str, Any]:
                 return {**plain(), "cuda": [torch.arange(16, dtype=torch.uint8)]}
 
             statepack.rng_state = with_a_device
-        _train(Path(run), strategy="sharded-async", steps=12, every=4)
+
+        def note(step: int) -> None:
+            if step == 7:
+                (Path(run) / f"rng-{rank}.pickle").write_bytes(pickle.dumps(statepack.rng_state()))
+
+        _train(Path(run), strategy="sharded-async", steps=12, every=4, between=note, table=True)
     finally:
         dist.destroy_process_group()
 
 
-def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path) -> None:
-    """sharded-async gathers the ranks' RNG states with the commit, each rank's own standing in
-    for all until then — which only works when they have the same shapes. Ranks whose states
-    differ (different CUDA device counts) are found at the first checkpoint and gathered at the
-    boundary instead: the run completes and each rank's states are saved in its place."""
+def _two_ranks(run: Path, *, unlike: bool) -> tuple[Any, list[Any]]:
+    """The checkpoint of step 7 of :func:`_two_rank_worker`'s run, and the ranks' states then."""
     import socket
 
     import torch.multiprocessing as mp
@@ -572,12 +593,46 @@ def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_unlike_rngs_worker, args=(port, str(tmp_path)), nprocs=2,
+    mp.start_processes(_two_rank_worker, args=(port, str(run), unlike), nprocs=2,
                        start_method="spawn")
-    latest = read_latest(RunPaths.of(tmp_path))
+    latest = read_latest(RunPaths.of(run))
     assert latest is not None and latest.global_step == 7
-    saved = sharded.load(read_verified_shards(tmp_path / "checkpoints" / latest.path,
+    saved = sharded.load(read_verified_shards(run / "checkpoints" / latest.path,
                                               expected_checksum=latest.checksum))
+    states = [pickle.loads((run / f"rng-{rank}.pickle").read_bytes()) for rank in range(2)]
+    return saved, states
+
+
+def test_sharded_async_saves_each_ranks_rng_states_gathered_after_the_boundary(
+        tmp_path: Path) -> None:
+    """sharded-async gathers the ranks' RNG states with the commit, each rank's own standing in
+    for all at the boundary: the checkpoint holds every rank's own states in its place, also
+    where another rank writes them (rank 1 writes both here; the table fills chunk 0)."""
+    import numpy as np
+
+    saved, states = _two_ranks(tmp_path, unlike=False)
+    latest = read_latest(RunPaths.of(tmp_path))
+    assert latest is not None
+    manifest = json.loads((tmp_path / "checkpoints" / latest.path / MANIFEST).read_text())
+    torch_ref = manifest["tree"]["rng"]["ranks"][0]["torch"]["$tensor"]
+    assert manifest["tensors"][torch_ref]["chunk"] == 1  # rank 0's states, written by rank 1
+    ranks = saved["rng"]["ranks"]
+    assert not torch.equal(states[0]["torch"], states[1]["torch"])  # the ranks do differ
+    for rank, (got, want) in enumerate(zip(ranks, states, strict=True)):
+        assert torch.equal(got["torch"], want["torch"]), rank
+        assert np.array_equal(got["python"]["words"], want["python"]["words"]), rank
+        assert np.array_equal(got["numpy"][1], want["numpy"][1]), rank
+        assert got["numpy"][2:] == tuple(want["numpy"][2:]), rank
+
+
+def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path) -> None:
+    """sharded-async gathers the ranks' RNG states with the commit, each rank's own standing in
+    for all until then — which only works when they have the same shapes. Ranks whose states
+    differ (different CUDA device counts) are found at the first checkpoint and gathered at the
+    boundary instead: the run completes and each rank's states are saved in its place."""
+    saved, states = _two_ranks(tmp_path, unlike=True)
     ranks = saved["rng"]["ranks"]
     assert ranks[0]["cuda"] is None
     assert [t.tolist() for t in ranks[1]["cuda"]] == [list(range(16))]
+    assert all(torch.equal(got["torch"], want["torch"])
+               for got, want in zip(ranks, states, strict=True))

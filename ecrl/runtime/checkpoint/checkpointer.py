@@ -102,7 +102,6 @@ from ecrl.runtime.settings import (
 __all__ = ["Checkpointer", "seed_all", "rank_seed"]
 
 
-
 def seed_all(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators."""
     random.seed(seed)

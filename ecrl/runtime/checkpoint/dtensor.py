@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ from torch import nn
 from ecrl.contract.errors import ConfigError
 from ecrl.runtime.checkpoint.statepack import SHARDED, dtype_name
 
-__all__ = ["FullStates", "ShardLayout", "is_dtensor", "is_sharded_module",
+__all__ = ["FullStates", "LayoutCache", "ShardLayout", "is_dtensor", "is_sharded_module",
            "is_sharded_optimizer"]
 
 
@@ -220,8 +221,23 @@ def _learn_translation(plain: Any, wanted: Any) -> Callable[[Any], Any] | None:
         return None
 
 
-_GATHERED = "every rank's boxes"
-"""The key under which :class:`ShardLayout` keeps the last gathered boxes, by geometries."""
+Piece = tuple[int, dict[str, Any], list[int], torch.Tensor | None]
+"""One piece of a DTensor (:meth:`ShardLayout._plan`): its holder, manifest entry, offsets, and
+a meta tensor standing for another rank's piece (None for this rank's own)."""
+
+
+@dataclass
+class LayoutCache:
+    """What :class:`ShardLayout` keeps from one checkpoint to the next, in the checkpointer
+    (a model's geometry does not change during an attempt)."""
+
+    boxes: dict[tuple[Any, ...], tuple[Any, list[int] | None]] = field(default_factory=dict)
+    """This rank's box of each DTensor geometry (mesh, offsets; None: not one box): DCP's
+    account of a box costs about 20 µs a tensor."""
+    signature: tuple[Any, ...] | None = None
+    """The geometries and dtypes the last gathered ``plan`` was made for."""
+    plan: list[list[Piece]] = field(default_factory=list)
+    """Per DTensor leaf, its pieces as every rank's boxes place them."""
 
 
 class ShardLayout:
@@ -229,16 +245,15 @@ class ShardLayout:
 
     Passed as :func:`ecrl.runtime.checkpoint.statepack.encode_tree`'s ``distributed``: each
     DTensor leaf becomes a node, filled by :meth:`lay_out` once every rank's boxes are known.
-    ``boxes``: where this rank's box of a DTensor lies, by its geometry, kept by the caller
-    from one checkpoint to the next (DCP's account of a box costs about 20 µs a tensor, and a
-    model's geometry does not change during an attempt)."""
+    ``cache``: the boxes and the plan of pieces, kept by the caller from one checkpoint to the
+    next."""
 
-    def __init__(self, boxes: dict[Any, Any]) -> None:
+    def __init__(self, cache: LayoutCache) -> None:
         self._leaves: list[tuple[dict[str, Any], torch.Tensor, list[int], list[int]]] = []
         """Per DTensor: its node, this rank's local tensor, the whole shape, the box's offsets."""
         self._geometries: list[tuple[Any, ...]] = []
-        """Per DTensor: its geometry (the key of ``boxes``)."""
-        self._boxes = boxes
+        """Per DTensor: its geometry (the key of ``cache.boxes``)."""
+        self._cache = cache
 
     def __bool__(self) -> bool:
         return bool(self._leaves)
@@ -248,7 +263,7 @@ class ShardLayout:
         shard is not one box of it."""
         key = (tuple(dt.shape), dt.placements, id(dt.device_mesh))
         self._geometries.append(key)
-        known = self._boxes.get(key)
+        known = self._cache.boxes.get(key)
         if known is not None and known[0] is dt.device_mesh:
             return known[1]
         from torch.distributed.tensor import Replicate, Shard
@@ -258,7 +273,7 @@ class ShardLayout:
             boxes = dt.__create_chunk_list__()  # DCP's own account of the local shard
             if len(boxes) == 1 and tuple(boxes[0].sizes) == tuple(dt.to_local().shape):
                 offsets = list(boxes[0].offsets)
-        self._boxes[key] = (dt.device_mesh, offsets)
+        self._cache.boxes[key] = (dt.device_mesh, offsets)
         return offsets
 
     def __call__(self, value: torch.Tensor) -> Any:
@@ -273,12 +288,10 @@ class ShardLayout:
         return node
 
     @staticmethod
-    def _plan(index: int, local: torch.Tensor, everyone: list[Any],
-              rank: int) -> list[tuple[int, dict[str, Any], list[int], torch.Tensor | None]]:
-        """The pieces of leaf ``index``: per distinct non-empty box, its holder (the lowest rank
-        that holds it), its manifest entry, its offsets, and a meta tensor standing for another
-        rank's piece (None for this rank's own)."""
-        plan: list[tuple[int, dict[str, Any], list[int], torch.Tensor | None]] = []
+    def _plan(index: int, local: torch.Tensor, everyone: list[Any], rank: int) -> list[Piece]:
+        """The pieces of leaf ``index``: one per distinct non-empty box, held by the lowest rank
+        that holds it."""
+        plan: list[Piece] = []
         seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         for holder, boxes in enumerate(everyone):
             size, offsets = boxes[index]
@@ -308,21 +321,20 @@ class ShardLayout:
         # each commit).
         signature = (tuple(self._geometries), tuple(local.dtype for _n, local, _s, _o
                                                     in self._leaves))
-        previous = self._boxes.get(_GATHERED)
-        if previous is not None and previous[0] == signature:
-            plan = previous[1]
-        else:
+        cache = self._cache
+        if cache.signature != signature:
             mine = [(list(local.shape), offsets) for _node, local, _shape, offsets
                     in self._leaves]
             everyone: list[Any] = [mine]
             if world_size > 1:
                 everyone = [None] * world_size
                 dist.all_gather_object(everyone, mine)
-            plan = [self._plan(index, local, everyone, rank)
-                    for index, (_node, local, _shape, _offsets) in enumerate(self._leaves)]
-            self._boxes[_GATHERED] = (signature, plan)
+            cache.plan = [self._plan(index, local, everyone, rank)
+                          for index, (_node, local, _shape, _offsets) in enumerate(self._leaves)]
+            cache.signature = signature
         owners: list[int | None] = [None] * len(entries)
-        for (node, local, shape, _offsets), pieces_plan in zip(self._leaves, plan, strict=True):
+        for (node, local, shape, _offsets), pieces_plan in zip(self._leaves, cache.plan,
+                                                                strict=True):
             pieces: list[list[Any]] = []
             for holder, entry, offsets, other in pieces_plan:
                 entries.append(dict(entry))

@@ -32,6 +32,7 @@ __all__ = [
     "EncodedState",
     "encode",
     "encode_tree",
+    "map_refs",
     "tensor_refs",
     "renumber_refs",
     "snapshot_into",
@@ -121,45 +122,35 @@ def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None
     return walk(state, "state"), tensors, entries
 
 
-def _is_ref(node: Any) -> bool:
-    return isinstance(node, dict) and len(node) == 1 and (_TENSOR in node or _NDARRAY in node)
+def map_refs(tree: Any, change: Callable[[int], int]) -> Any:
+    """``tree`` (an :func:`encode_tree` tree without sharded nodes) with each tensor reference's
+    index replaced by ``change(index)``, called in the order the encoder walked them."""
+    if isinstance(tree, list):
+        return [map_refs(value, change) for value in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if len(tree) == 1 and (_TENSOR in tree or _NDARRAY in tree):
+        (tag, index), = tree.items()
+        return {tag: change(int(index))}
+    return {key: map_refs(value, change) for key, value in tree.items()}
 
 
 def tensor_refs(tree: Any) -> list[int]:
-    """The tensor indices an :func:`encode_tree` tree (without sharded nodes) refers to, in the
-    order the encoder walked them."""
+    """The tensor indices ``tree`` refers to, in the encoder's order (:func:`map_refs`)."""
     found: list[int] = []
 
-    def walk(node: Any) -> None:
-        if _is_ref(node):
-            found.append(int(next(iter(node.values()))))
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
+    def note(index: int) -> int:
+        found.append(index)
+        return index
 
-    walk(tree)
+    map_refs(tree, note)
     return found
 
 
 def renumber_refs(tree: Any, indices: Sequence[int]) -> Any:
-    """``tree`` (as :func:`tensor_refs` reads it) with its i-th tensor reference pointing at
-    ``indices[i]`` instead."""
+    """``tree`` with its i-th tensor reference pointing at ``indices[i]`` instead."""
     given = iter(indices)
-
-    def walk(node: Any) -> Any:
-        if _is_ref(node):
-            (tag,) = node
-            return {tag: next(given)}
-        if isinstance(node, dict):
-            return {key: walk(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [walk(value) for value in node]
-        return node
-
-    renumbered = walk(tree)
+    renumbered = map_refs(tree, lambda _index: next(given))
     if next(given, None) is not None:
         raise ValueError("more indices than the tree has tensor references")
     return renumbered

@@ -37,7 +37,7 @@ from ecrl.contract.shardfile import (
     pack_chunks,
 )
 from ecrl.runtime.checkpoint import statepack
-from ecrl.runtime.checkpoint.dtensor import ShardLayout
+from ecrl.runtime.checkpoint.dtensor import LayoutCache, ShardLayout
 from ecrl.runtime.checkpoint.persist import (
     CrashHook,
     apply_retention,
@@ -74,6 +74,11 @@ def _placed(chunks: dict[int, torch.Tensor], place: tuple[int, int], like: torch
 def _tensor_key(index: int) -> str:
     """A manifest tensor's key among a job's tensors."""
     return f"t{index:05d}"
+
+
+def _shapes(entries: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What a state's layout depends on, per manifest entry: its dtype, shape and size."""
+    return [(e["dtype"], e["shape"], e["nbytes"]) for e in entries]
 
 
 def _as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -146,8 +151,8 @@ class ShardedCheckpoints(Strategy):
         self._hook = CrashHook.from_env(attempt=ctx.attempt)
         self._distributed = ctx.world_size > 1 or (dist.is_available() and dist.is_initialized())
         self._group: Any = None
-        self._boxes: dict[tuple[Any, ...], Any] = {}
-        """Where this rank's box of each DTensor geometry lies (:class:`ShardLayout`)."""
+        self._layouts = LayoutCache()
+        """The DTensors' boxes and pieces, kept between checkpoints (:class:`ShardLayout`)."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -173,10 +178,7 @@ class ShardedCheckpoints(Strategy):
         tree, values, entries = statepack.encode_tree(
             {"world_size": self.ctx.world_size, "ranks": everyone})
         indices = statepack.tensor_refs(job.tree[RNG_KEY])
-        shape_of = [{k: e[k] for k in ("dtype", "shape", "nbytes")} for e in entries]
-        if len(indices) != len(entries) or any(
-                {k: job.entries[i][k] for k in ("dtype", "shape", "nbytes")} != theirs
-                for i, theirs in zip(indices, shape_of, strict=False)):
+        if _shapes(entries) != _shapes([job.entries[i] for i in indices]):
             raise CheckpointError(
                 f"sharded checkpoint of step {job.step}: the RNG states of the ranks differ in "
                 "their shapes (another CUDA device count or NumPy generator on some rank)")
@@ -211,7 +213,7 @@ class ShardedCheckpoints(Strategy):
     def _job(self, state: Any, step: int, t0: float) -> _Job:
         # The structure check across ranks (_same_everywhere) runs in _persist: for
         # sharded-async on its thread, not in the training's stall.
-        shards = ShardLayout(self._boxes)
+        shards = ShardLayout(self._layouts)
         tree, values, entries = statepack.encode_tree(state, distributed=shards)
         owners = shards.lay_out(values, entries, rank=self.ctx.rank,
                                 world_size=self.ctx.world_size) if shards else []
@@ -427,8 +429,7 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         devices: then they are gathered at the boundary, as ``sharded`` does). Decided once, by
         a collective at the attempt's first checkpoint: a rank's devices do not change."""
         if self._alike is None:
-            _tree, _values, entries = statepack.encode_tree(mine)
-            shapes = [(e["dtype"], e["shape"]) for e in entries]
+            shapes = _shapes(statepack.encode_tree(mine)[2])
             everyone: list[Any] = [None] * self.ctx.world_size
             dist.all_gather_object(everyone, shapes)
             self._alike = all(theirs == everyone[0] for theirs in everyone)
