@@ -160,11 +160,26 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
             state = {"w": distribute_tensor(whole, mesh, [Replicate(), Shard(0)]), "n": 1}
             shards = ShardLayout(cache)
             tree, values, entries = statepack.encode_tree(state, distributed=shards)
+            shards.keep()
             before = len(gathers)
             owners = shards.lay_out(values, entries, rank=rank, world_size=4)
             out.append({"tree": tree, "owners": owners, "gathered": len(gathers) - before,
                         "shapes": [e["shape"] for e in entries],
                         "bytes": [e["nbytes"] for e in entries]})
+        # The last DTensor taken twice more: as it is (what was taken from it is reused), then
+        # with its local shard moved to other memory in place (taken again, the new values).
+        w = state["w"]
+        taken = [cache.leaves[id(w)]]
+        for moved in (False, True):
+            if moved:
+                w._local_tensor.set_(torch.full_like(w._local_tensor, 7.0))
+            shards = ShardLayout(cache)
+            _tree, values, entries = statepack.encode_tree({"w": w, "n": 1}, distributed=shards)
+            shards.keep()
+            shards.lay_out(values, entries, rank=rank, world_size=4)
+            taken.append(cache.leaves[id(w)])
+        out.append({"reused": taken[1] is taken[0], "retaken": taken[2] is not taken[1],
+                    "values": [float(leaf[3].flatten()[0]) for leaf in taken]})
     finally:
         dist.all_gather_object = real
     return out
@@ -187,8 +202,12 @@ def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
         assert found["hsdp"] == {"dp_rank": rank, "dp_size": 4, "tp_rank": 0, "tp_size": 1}
         # The shard layout gathers every rank's boxes only when the geometries change: the
         # second checkpoint (same geometry) reuses the first's, pieces and owners alike.
-        first, second, third, fourth = found["layouts"]
-        assert [layout["gathered"] for layout in found["layouts"]] == [1, 0, 1, 1]
+        first, second, third, fourth, again = found["layouts"]
+        assert [layout["gathered"] for layout in found["layouts"][:4]] == [1, 0, 1, 1]
+        # the same DTensor is taken from the memo; moved to other memory, it is taken anew
+        assert again["reused"] and again["retaken"]
+        own_first = float(rank % 2 * 9)  # the first element of this rank's rows of arange(18)
+        assert again["values"] == [own_first, own_first, 7.0]
         assert second == {**first, "gathered": 0}
         assert third["bytes"] == [36, 36] and fourth["bytes"] == [72, 72]
         assert fourth["tree"]["w"]["$sharded"]["dtype"] == "float64"

@@ -7,6 +7,7 @@ background copy, which holds it back so that the tests can act while it is still
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,6 +127,21 @@ def test_split_defers_only_optimizer_driven_tensors() -> None:
     kept = {pipeline.tensor_path(state.tree, i) for i in now}
     assert {"model.1.running_mean", "model.1.running_var", "model.1.num_batches_tracked",
             "user.ema", "rng.ranks[0].torch"} <= kept
+
+
+def test_the_pipeline_sees_an_optimizers_new_state_tensors() -> None:
+    job = _Job()
+    job.step()
+    piped = pipeline.SnapshotPipeline([job.opt], on_ready=lambda *_: None,
+                                      on_torn=lambda *_: None)
+    try:
+        first = piped.storages()
+        assert first == pipeline.optimizer_storages([job.opt])
+        # a resume's load_state_dict gives the optimizer new momentum tensors
+        job.opt.load_state_dict(copy.deepcopy(job.opt.state_dict()))
+        assert piped.storages() == pipeline.optimizer_storages([job.opt]) != first
+    finally:
+        piped.close()
 
 
 def test_pipelined_checkpoint_is_the_boundary_state_exactly(tmp_path: Path) -> None:

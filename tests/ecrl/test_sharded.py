@@ -4,6 +4,7 @@ Real files, real DCP; the multi-rank runs are in tests/integration/test_sharded_
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -66,7 +67,8 @@ class _Table:
 
 def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
            stop_after: int | None = None, between: Callable[[int], None] | None = None,
-           table: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
+           table: bool = False, more: dict[str, Any] | None = None
+           ) -> tuple[list[float], dict[str, torch.Tensor]]:
     _attempt._CACHE.clear()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
@@ -79,6 +81,7 @@ def _train(run: Path, *, strategy: str, steps: int = 12, every: int = 4,
                                "sampler": sampler}
     if table:
         objects["table"] = _Table()
+    objects.update(more or {})
     ckpt = ecrl.Checkpointer(objects, log=log, every=every, strategy=strategy)
     losses = []
     start = ckpt.restore()
@@ -469,6 +472,40 @@ def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
     assert chunks[1] is chunks[0]
 
 
+class _Growing:
+    """A Stateful whose tensor grows by 16 elements a step (128 bytes, more than a chunk's
+    alignment): every checkpoint lays out anew."""
+
+    def __init__(self) -> None:
+        self.seen = torch.zeros(0, dtype=torch.int64)
+        self.loaded: torch.Tensor | None = None
+
+    def grow(self, step: int) -> None:
+        self.seen = torch.cat([self.seen, torch.full((16,), step)])
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.loaded = state["seen"].clone()
+
+
+@pytest.mark.parametrize("strategy", ["sharded", "sharded-async"])
+def test_a_state_whose_sizes_change_between_checkpoints_resumes_exactly(
+        tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
+        strategy: str) -> None:
+    growing = _Growing()
+    cut, _ = _train(tmp_path, strategy=strategy, stop_after=9, between=growing.grow,
+                    more={"growing": growing})
+    resumed = _Growing()
+    rest, final = _train(tmp_path, strategy=strategy, more={"growing": resumed})
+    # saved after step 7, before the step's own growth: steps 0 to 6
+    assert resumed.loaded is not None
+    assert resumed.loaded.tolist() == [step for step in range(7) for _ in range(16)]
+    assert cut[:8] + rest == whole[0]
+    assert all(torch.equal(whole[1][k], final[k]) for k in final)
+
+
 def test_retirement_keeps_only_the_parts_and_a_recycled_file_is_cut_to_its_new_content(
         tmp_path: Path) -> None:
     from ecrl.runtime.checkpoint.sharded import _storage as storage
@@ -636,3 +673,16 @@ def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path)
     assert [t.tolist() for t in ranks[1]["cuda"]] == [list(range(16))]
     assert all(torch.equal(got["torch"], want["torch"])
                for got, want in zip(ranks, states, strict=True))
+
+
+def test_the_boundary_leaves_garbage_collection_as_it_found_it() -> None:
+    from ecrl.runtime.checkpoint.sharded import _commit
+
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            with _commit._collection_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()

@@ -79,6 +79,13 @@ def test_special_values_keep_their_types(tmp_path: Path) -> None:
 def test_unsupported_values_are_named() -> None:
     with pytest.raises(CheckpointError, match=r"state\.bad: values of type object"):
         statepack.encode({"bad": object()}, meta={})
+    # the path through lists, tuples and non-string keys, however deep
+    deep = {"ok": torch.ones(2), "a": [1, {"b": (2.0, {3: [None, {1, 2}]})}]}
+    with pytest.raises(CheckpointError, match=r"^cannot checkpoint "
+                       r"state\.a\[1\]\.b\[1\]\[3\]\[1\]: values of type set "):
+        statepack.encode(deep, meta={})
+    with pytest.raises(CheckpointError, match=r"^cannot checkpoint state\['k'\]: .* type bytes"):
+        statepack.encode({("t",): 1, "k": b"x"}, meta={})
 
 
 def test_rng_state_restores_every_stream(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ one copy per tensor. :func:`decode` rebuilds the tree from a verified file.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -80,21 +81,23 @@ def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None
 
     ``distributed`` (sharded checkpoints) sees every tensor first: it returns None for a plain
     tensor, else what stands for it — a node of the tree (a DTensor's shards, laid out later), or
-    the plain tensor to save in its place."""
+    the detached plain tensor to save in its place."""
     tensors: list[torch.Tensor | np.ndarray] = []
     entries: list[dict[str, Any]] = []
 
-    def walk(value: Any, where: str) -> Any:
+    # Runs at every checkpoint boundary, over every node of the state (about 900 for ResNet-50
+    # with AdamW): the path of a value is made only when one is refused, on the way out.
+    def walk(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             instead = distributed(value) if distributed is not None else None
             if isinstance(instead, dict):
                 return instead
-            t = (value if instead is None else instead).detach()
+            t = value.detach() if instead is None else instead
             entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape),
                             "nbytes": t.numel() * t.element_size()})
             tensors.append(t)
             return {_TENSOR: len(tensors) - 1}
-        if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        if value is None or isinstance(value, (int, str)):  # bool is an int
             return value
         if isinstance(value, float):
             return value if math.isfinite(value) else {_FLOAT: repr(value)}
@@ -105,21 +108,51 @@ def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None
             tensors.append(a)
             return {_NDARRAY: len(tensors) - 1}
         if isinstance(value, np.generic):
-            return walk(value.item(), where)
+            return walk(value.item())
         if isinstance(value, Mapping):
-            if all(isinstance(k, str) and k not in _TAGS for k in value):
-                return {k: walk(v, f"{where}.{k}") for k, v in value.items()}
-            return {_DICT: [[walk(k, where), walk(v, f"{where}[{k!r}]")]
+            if all(map(isinstance, value, _STRINGS)) and _TAGS.isdisjoint(value):
+                return _walk_items(value.items(), walk, ".{}".format)
+            return {_DICT: [[walk(k), _walk_items(((k, v),), walk, "[{!r}]".format)[k]]
                             for k, v in value.items()]}
         if isinstance(value, tuple):
-            return {_TUPLE: [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+            return {_TUPLE: list(_walk_items(enumerate(value), walk, "[{}]".format).values())}
         if isinstance(value, list):
-            return [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        raise CheckpointError(
-            f"cannot checkpoint {where}: values of type {type(value).__name__} are not supported"
-        )
+            return list(_walk_items(enumerate(value), walk, "[{}]".format).values())
+        raise _Refused(type(value).__name__)
 
-    return walk(state, "state"), tensors, entries
+    try:
+        return walk(state), tensors, entries
+    except _Refused as refused:
+        where = "state" + "".join(reversed(refused.path))
+        raise CheckpointError(f"cannot checkpoint {where}: values of type {refused.kind} are "
+                              "not supported") from None
+
+
+_STRINGS = itertools.repeat(str)
+"""``str`` as often as asked (``map(isinstance, keys, _STRINGS)``: every key a string)."""
+
+
+class _Refused(Exception):
+    """A value of an unsupported type, with its path collected on the way out of the walk."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.path: list[str] = []
+
+
+def _walk_items(items: Iterable[tuple[Any, Any]], walk: Callable[[Any], Any],
+                step: Callable[[Any], str]) -> dict[Any, Any]:
+    """``{key: walk(value)}``; a refusal below gains ``step(key)`` in its path."""
+    out: dict[Any, Any] = {}
+    key = None
+    try:
+        for key, item in items:
+            out[key] = walk(item)
+    except _Refused as refused:
+        refused.path.append(step(key))
+        raise
+    return out
 
 
 def map_refs(tree: Any, change: Callable[[int], int]) -> Any:

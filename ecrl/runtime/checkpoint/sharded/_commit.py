@@ -6,12 +6,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -76,6 +78,12 @@ def _tensor_key(index: int) -> str:
     return f"t{index:05d}"
 
 
+@functools.lru_cache(maxsize=4)
+def _tensor_keys(count: int) -> tuple[str, ...]:
+    """The keys of ``count`` tensors (made once: every checkpoint has the same count)."""
+    return tuple(_tensor_key(index) for index in range(count))
+
+
 def _shapes(entries: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """What a state's layout depends on, per manifest entry: its dtype, shape and size."""
     return [(e["dtype"], e["shape"], e["nbytes"]) for e in entries]
@@ -121,6 +129,10 @@ class _Job:
     """This rank's RNG states, when its capture stood them in for every rank's (async): the
     commit gathers the others' (:meth:`ShardedCheckpoints._fill_rngs`)."""
 
+    def release(self) -> None:
+        """Drop the state it holds, once committed (its staging set stays with the owner)."""
+        self.tensors, self.tree, self.entries, self.chunks, self.meta = {}, None, [], None, {}
+
 
 class ShardedSaveFailed(RuntimeError):
     """A sharded save failed for a reason a relaunch can fix (a peer died or hung)."""
@@ -153,6 +165,9 @@ class ShardedCheckpoints(Strategy):
         self._group: Any = None
         self._layouts = LayoutCache()
         """The DTensors' boxes and pieces, kept between checkpoints (:class:`ShardLayout`)."""
+        self._packing: tuple[tuple[list[int], list[int | None]],
+                             tuple[list[tuple[int, int]], list[int]]] | None = None
+        """The last packing's sizes and owners, and its places and chunk sizes (:meth:`_pack`)."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -215,18 +230,25 @@ class ShardedCheckpoints(Strategy):
         # sharded-async on its thread, not in the training's stall.
         shards = ShardLayout(self._layouts)
         tree, values, entries = statepack.encode_tree(state, distributed=shards)
+        shards.keep()
         owners = shards.lay_out(values, entries, rank=self.ctx.rank,
                                 world_size=self.ctx.world_size) if shards else []
-        tensors: dict[str, torch.Tensor] = {}
-        places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in entries],
-                                          self.ctx.world_size, owners)
-        for index, (value, entry, (chunk, offset)) in enumerate(
-                zip(values, entries, places, strict=True)):
-            tensors[_tensor_key(index)] = _as_tensor(value)
+        places, chunk_sizes = self._pack([int(e["nbytes"]) for e in entries], owners)
+        tensors = dict(zip(_tensor_keys(len(values)), map(_as_tensor, values), strict=True))
+        for entry, (chunk, offset) in zip(entries, places, strict=True):
             entry["chunk"], entry["offset"] = chunk, offset
         return _Job(step=step, tensors=tensors, tree=tree, entries=entries, places=places,
                     chunk_sizes=chunk_sizes, meta=self.ctx.meta(step),
                     snapshot_s=time.perf_counter() - t0)
+
+    def _pack(self, sizes: list[int], owners: list[int | None]
+              ) -> tuple[list[tuple[int, int]], list[int]]:
+        """:func:`pack_chunks` of the state's tensors over this world's ranks, kept while their
+        sizes and owners are the previous checkpoint's (a pure function of them; the jobs only
+        read the lists)."""
+        if self._packing is None or self._packing[0] != (sizes, owners):
+            self._packing = ((sizes, owners), pack_chunks(sizes, self.ctx.world_size, owners))
+        return self._packing[1]
 
     def checkpoint(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -391,6 +413,9 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         self._staged_ahead = False
         self._alike: bool | None = None
         """Whether the ranks' RNG states are alike (:meth:`_rngs_alike`); None: not known yet."""
+        self._deferral: tuple[Any, dict[int, tuple[torch.Tensor, bool]]] = (None, {})
+        """The optimizers' storages and, per tensor by id, whether its copy could wait
+        (:meth:`_deferrable`)."""
 
     def prepare(self) -> None:
         super().prepare()
@@ -435,6 +460,14 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._alike = all(theirs == everyone[0] for theirs in everyone)
         return self._alike
 
+    def _commit(self, job: _Job) -> None:
+        try:
+            self._persist(job)
+        finally:
+            # The job's thousands of small objects (tree, entries, keys) are freed here, on the
+            # commit's thread, rather than at the next boundary, where it is settled.
+            job.release()
+
     def _settle(self, future: Future[None], job: _Job) -> None:
         try:
             future.result()
@@ -476,26 +509,47 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
                      in zip(job.tensors.items(), job.places, strict=True) if place[0] in chunks}
             self._staging[index] = (layout, chunks, views)
         _layout, chunks, views = self._staging[index]
-        for key, view in views.items():
-            if key not in later:
-                value = job.tensors[key]
-                view.copy_(value, non_blocking=pin and value.is_cuda)
+        now = [key for key in views if key not in later]
+        # One call for the lot (torch groups them by device and dtype): a model's buffers are a
+        # hundred-odd small tensors, each copy_ a trip through the dispatcher.
+        if now:  # (torch refuses empty lists)
+            torch._foreach_copy_([views[key] for key in now],
+                                 [job.tensors[key] for key in now], non_blocking=pin)
         if pin:
             torch.cuda.synchronize()
         job.staging, job.chunks, job.tensors = index, chunks, dict(views)
 
     def _deferrable(self, tensors: dict[str, torch.Tensor]) -> list[str]:
+        """The keys of the tensors over an optimizer's storages (copied under the next step).
+        Decided again only for tensor objects the previous checkpoint did not have, or when the
+        optimizers' storages changed: the capture hands out the same detached local shards of
+        the DTensors while they view the same memory (:class:`ShardLayout`), and what such an
+        alias views is its own to change."""
         if self._pipeline is None or self._synchronous:
             return []
         storages = self._pipeline.storages()
-        return [k for k, v in tensors.items()
-                if isinstance(v, torch.Tensor) and v.numel() and storage_key(v) in storages]
+        known = self._deferral[1] if self._deferral[0] is storages else {}
+        decided: dict[int, tuple[torch.Tensor, bool]] = {}
+        later = []
+        for key, value in tensors.items():
+            hit = known.get(id(value))
+            if hit is None or hit[0] is not value:
+                hit = (value, bool(value.numel()) and storage_key(value) in storages)
+            decided[id(value)] = hit
+            if hit[1]:
+                later.append(key)
+        self._deferral = (storages, decided)
+        return later
 
     def settle(self) -> None:
         if self._pipeline is not None:
             self._pipeline.settle()
 
     def checkpoint(self, step: int) -> None:
+        with _collection_paused():
+            self._boundary(step)
+
+    def _boundary(self, step: int) -> None:
         self.settle()  # a pipelined copy no optimizer step completed yet goes first
         t0 = time.perf_counter()
         backpressure = self._reap(wait_for=max(1, self.ctx.max_inflight) - 1)
@@ -516,7 +570,7 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
                 context={"job": job, "keys": later})
         job.snapshot_s += time.perf_counter() - t1
         job.backpressure_s = backpressure
-        future = self._pool.submit(self._persist, job)
+        future = self._pool.submit(self._commit, job)
         self._inflight.append((future, job))
         if deferred is not None:
             deferred.boundary_s = time.perf_counter() - t0
@@ -570,6 +624,20 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         finally:
             self._pool.shutdown(wait=True)
             super().close()
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collection held off for a moment: the boundary allocates a few
+    thousand small objects, enough to start a collection, and a full one walks every object of a
+    process that imported torch (about 400,000: 10 ms, longer than the whole boundary)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _copy_keys(sources: dict[str, torch.Tensor], staged: dict[str, torch.Tensor],
