@@ -179,10 +179,42 @@ def _layouts(rank: int, mesh: Any) -> list[Any]:
             shards.lay_out(values, entries, rank=rank, world_size=4)
             taken.append(cache.leaves[id(w)])
         out.append({"reused": taken[1] is taken[0], "retaken": taken[2] is not taken[1],
-                    "values": [float(leaf[3].flatten()[0]) for leaf in taken]})
+                    "values": [float(leaf[3].flatten()[0]) for leaf in taken],
+                    "kept": _kept_encodings(rank, cache, w)})
     finally:
         dist.all_gather_object = real
     return out
+
+
+def _kept_encodings(rank: int, cache: Any, w: Any) -> list[str]:
+    """Three checkpoints of ``{"w": w, "rng": <a new tensor each time>}`` through a kept
+    encoding, ``w``'s local shard moved to other memory before the third: whether each reused
+    the encoding or encoded anew."""
+    import torch
+
+    from ecrl.runtime.checkpoint import statepack
+    from ecrl.runtime.checkpoint.dtensor import ShardLayout
+    from ecrl.runtime.checkpoint.sharded._reuse import Encoding, KeptEncoding
+
+    kept = KeptEncoding()
+    how = []
+    for moved in (False, False, True):
+        if moved:
+            w._local_tensor.set_(torch.full_like(w._local_tensor, 5.0))
+        _tree, leaves = statepack.skeleton({"w": w, "rng": torch.ones(3)})
+        if kept.reuse(leaves) is not None:
+            how.append("reused")
+            continue
+        shards = ShardLayout(cache)
+        values: list[Any] = []
+        entries: list[Any] = []
+        for value, node in leaves:
+            statepack.encode_leaf(value, node, values, entries, shards)
+        shards.keep()
+        shards.lay_out(values, entries, rank=rank, world_size=4)
+        kept.keep(leaves, Encoding(values, entries, [], [], object()), cache)
+        how.append("encoded")
+    return how
 
 
 def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
@@ -208,6 +240,9 @@ def test_coordinates_come_from_a_real_device_mesh_or_its_data_parallel_sub_mesh(
         assert again["reused"] and again["retaken"]
         own_first = float(rank % 2 * 9)  # the first element of this rank's rows of arange(18)
         assert again["values"] == [own_first, own_first, 7.0]
+        # a kept encoding serves the same DTensor (a new plain tensor of the same shape beside
+        # it), and declines once its shard moved
+        assert again["kept"] == ["encoded", "reused", "encoded"]
         assert second == {**first, "gathered": 0}
         assert third["bytes"] == [36, 36] and fourth["bytes"] == [72, 72]
         assert fourth["tree"]["w"]["$sharded"]["dtype"] == "float64"

@@ -472,36 +472,77 @@ def test_sharded_async_stages_ahead_and_its_first_checkpoint_reuses_that_set(
     assert chunks[1] is chunks[0]
 
 
-class _Growing:
-    """A Stateful whose tensor grows by 16 elements a step (128 bytes, more than a chunk's
-    alignment): every checkpoint lays out anew."""
+class _Changing:
+    """A Stateful whose tensor is replaced every step by ``change(tensor, step)``."""
 
-    def __init__(self) -> None:
-        self.seen = torch.zeros(0, dtype=torch.int64)
+    def __init__(self, first: torch.Tensor,
+                 change: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        self.value, self.change = first, change
         self.loaded: torch.Tensor | None = None
 
-    def grow(self, step: int) -> None:
-        self.seen = torch.cat([self.seen, torch.full((16,), step)])
+    def step(self, step: int) -> None:
+        self.value = self.change(self.value, step)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"seen": self.seen}
+        return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.loaded = state["seen"].clone()
+        self.loaded = state["value"].clone()
+
+
+def _growing() -> _Changing:
+    """16 elements more every step (128 bytes, more than a chunk's alignment): every
+    checkpoint lays out anew."""
+    return _Changing(torch.zeros(0, dtype=torch.int64),
+                     lambda seen, step: torch.cat([seen, torch.full((16,), step)]))
 
 
 @pytest.mark.parametrize("strategy", ["sharded", "sharded-async"])
 def test_a_state_whose_sizes_change_between_checkpoints_resumes_exactly(
         tmp_path: Path, whole: tuple[list[float], dict[str, torch.Tensor]],
         strategy: str) -> None:
-    growing = _Growing()
-    cut, _ = _train(tmp_path, strategy=strategy, stop_after=9, between=growing.grow,
+    growing = _growing()
+    cut, _ = _train(tmp_path, strategy=strategy, stop_after=9, between=growing.step,
                     more={"growing": growing})
-    resumed = _Growing()
+    resumed = _growing()
     rest, final = _train(tmp_path, strategy=strategy, more={"growing": resumed})
     # saved after step 7, before the step's own growth: steps 0 to 6
     assert resumed.loaded is not None
     assert resumed.loaded.tolist() == [step for step in range(7) for _ in range(16)]
+    assert cut[:8] + rest == whole[0]
+    assert all(torch.equal(whole[1][k], final[k]) for k in final)
+
+
+def _replaced() -> _Changing:
+    """A new tensor of the same shape every step."""
+    return _Changing(torch.zeros(8), lambda _value, step: torch.full((8,), float(step)))
+
+
+@pytest.mark.parametrize("strategy", ["sharded", "sharded-async"])
+def test_the_encoding_is_made_once_and_reused_with_each_checkpoints_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        whole: tuple[list[float], dict[str, torch.Tensor]], strategy: str) -> None:
+    """The state's tensors stay the same objects (or, replaced, the same dtypes and shapes):
+    the first checkpoint's encoding serves every later one, each with its own values."""
+    from ecrl.runtime.checkpoint import sharded
+
+    encoded: list[int] = []
+    encode = sharded.ShardedCheckpoints._encode_leaves
+
+    def counting(self: Any, leaves: Any) -> Any:
+        encoded.append(len(leaves))
+        return encode(self, leaves)
+
+    monkeypatch.setattr(sharded.ShardedCheckpoints, "_encode_leaves", counting)
+    replaced = _replaced()
+    cut, _ = _train(tmp_path, strategy=strategy, stop_after=9, between=replaced.step,
+                    more={"replaced": replaced})
+    # sharded-async encodes once ahead of its first checkpoint (its staging set), sharded at it
+    assert len(encoded) == 1
+    resumed = _replaced()
+    rest, final = _train(tmp_path, strategy=strategy, more={"replaced": resumed})
+    # saved after step 7, before that step's replacement: step 6's tensor
+    assert resumed.loaded is not None and resumed.loaded.tolist() == [6.0] * 8
     assert cut[:8] + rest == whole[0]
     assert all(torch.equal(whole[1][k], final[k]) for k in final)
 

@@ -182,7 +182,7 @@ class FullStates:
             set_optimizer_state_dict(module, optimizer, given, options=options)
 
 
-def _same_memory(tensor: torch.Tensor, alias: torch.Tensor) -> bool:
+def same_memory(tensor: torch.Tensor, alias: torch.Tensor) -> bool:
     """Whether ``alias`` (a detached alias of ``tensor`` made earlier) still views the memory
     ``tensor`` views (``set_``, ``resize_`` or ``.data =`` move a tensor elsewhere in place)."""
     return tensor.data_ptr() == alias.data_ptr() and tensor.dtype == alias.dtype and \
@@ -234,6 +234,15 @@ _Leaf = tuple[Any, tuple[Any, int], torch.Tensor, torch.Tensor, tuple[Any, ...],
 its local tensor, that tensor detached, its geometry, its whole shape and this rank's box's
 offsets."""
 
+def still_taken(leaf: _Leaf, dt: Any) -> bool:
+    """Whether what was taken from a DTensor (``leaf``) holds for ``dt`` now: the same object,
+    with the same spec and the same local tensor over the same memory."""
+    spec = dt._spec
+    # The spec's hash too: torch recomputes it when a field of the spec is assigned.
+    return leaf[0] is dt and leaf[1][0] is spec and leaf[1][1] == hash(spec) and \
+        dt._local_tensor is leaf[2] and same_memory(leaf[2], leaf[3])
+
+
 Piece = tuple[int, dict[str, Any], list[int], torch.Tensor | None]
 """One piece of a DTensor (:meth:`ShardLayout._plan`): its holder, manifest entry, offsets, and
 a meta tensor standing for another rank's piece (None for this rank's own)."""
@@ -283,13 +292,10 @@ class ShardLayout:
         and their aliases staying the same objects lets the deferral decision be kept too
         (about 1 ms of a ResNet-50 boundary's 6 here)."""
         known = self._cache.leaves.get(id(dt))
-        spec = dt._spec
-        # The spec's hash too: torch recomputes it when a field of the spec is assigned.
-        if known is not None and known[0] is dt and known[1][0] is spec and \
-                known[1][1] == hash(spec) and dt._local_tensor is known[2] and \
-                _same_memory(known[2], known[3]):
+        if known is not None and still_taken(known, dt):
             self._taken[id(dt)] = known
             return known
+        spec = dt._spec
         local = dt._local_tensor
         key = (tuple(dt.shape), dt.placements, id(dt.device_mesh))
         leaf = (dt, (spec, hash(spec)), local, local.detach(), key, list(dt.shape),
@@ -317,7 +323,7 @@ class ShardLayout:
         """Keep what this checkpoint took, for the next one (after the encoding)."""
         self._cache.leaves = self._taken
 
-    def __call__(self, value: torch.Tensor) -> Any:
+    def __call__(self, value: torch.Tensor, node: dict[str, Any]) -> Any:
         if not is_dtensor(value):
             return None
         _dt, _spec, _local, detached, geometry, shape, offsets = self._leaf(value)
@@ -325,7 +331,6 @@ class ShardLayout:
         if offsets is None:
             # a collective, at the same leaf on every rank
             return value.full_tensor().detach()  # type: ignore[attr-defined]
-        node: dict[str, Any] = {}
         self._leaves.append((node, detached, shape, offsets))
         return node
 

@@ -33,6 +33,8 @@ __all__ = [
     "EncodedState",
     "encode",
     "encode_tree",
+    "encode_leaf",
+    "skeleton",
     "map_refs",
     "tensor_refs",
     "renumber_refs",
@@ -74,39 +76,66 @@ def encode(state: Any, *, meta: Mapping[str, Any]) -> EncodedState:
     return EncodedState(tree=tree, tensors=tensors, entries=entries, layout=layout)
 
 
-def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None = None
+def encode_tree(state: Any, *, distributed: Distributed | None = None
                 ) -> tuple[Any, list[torch.Tensor | np.ndarray], list[dict[str, Any]]]:
     """``state``'s structure (JSON), its tensors in order and an entry (dtype, shape, nbytes)
-    per tensor, without the single file's layout (sharded checkpoints place them in chunks).
-
-    ``distributed`` (sharded checkpoints) sees every tensor first: it returns None for a plain
-    tensor, else what stands for it — a node of the tree (a DTensor's shards, laid out later), or
-    the detached plain tensor to save in its place."""
+    per tensor, without the single file's layout (sharded checkpoints place them in chunks):
+    :func:`skeleton`, then :func:`encode_leaf` for each tensor and array."""
+    tree, leaves = skeleton(state)
     tensors: list[torch.Tensor | np.ndarray] = []
     entries: list[dict[str, Any]] = []
+    for value, node in leaves:
+        encode_leaf(value, node, tensors, entries, distributed)
+    return tree, tensors, entries
+
+
+Distributed = Callable[[torch.Tensor, dict[str, Any]], Any]
+"""What sees every tensor of a sharded checkpoint first (:func:`encode_leaf`)."""
+
+
+def encode_leaf(value: torch.Tensor | np.ndarray, node: dict[str, Any],
+                tensors: list[torch.Tensor | np.ndarray], entries: list[dict[str, Any]],
+                distributed: Distributed | None = None) -> None:
+    """Fill the (empty) ``node`` standing for ``value`` with its reference, appending it and its
+    entry to ``tensors`` and ``entries``.
+
+    ``distributed`` (sharded checkpoints) sees every tensor first: it returns None for a plain
+    tensor, ``node`` when it fills the node itself (a DTensor's shards, laid out later), or the
+    detached plain tensor to save in its place."""
+    if isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        entries.append({"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes,
+                        "kind": "numpy"})
+        tensors.append(a)
+        node[_NDARRAY] = len(tensors) - 1
+        return
+    instead = distributed(value, node) if distributed is not None else None
+    if instead is node:
+        return
+    t = value.detach() if instead is None else instead
+    entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                    "nbytes": t.numel() * t.element_size()})
+    tensors.append(t)
+    node[_TENSOR] = len(tensors) - 1
+
+
+def skeleton(state: Any) -> tuple[Any, list[tuple[Any, dict[str, Any]]]]:
+    """``state``'s structure (JSON) with an empty node where each tensor and NumPy array is, and
+    each of them with its node, in order: the part of the encoding that does not depend on the
+    tensors (:func:`encode_leaf` fills the nodes)."""
+    leaves: list[tuple[Any, dict[str, Any]]] = []
 
     # Runs at every checkpoint boundary, over every node of the state (about 900 for ResNet-50
     # with AdamW): the path of a value is made only when one is refused, on the way out.
     def walk(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            instead = distributed(value) if distributed is not None else None
-            if isinstance(instead, dict):
-                return instead
-            t = value.detach() if instead is None else instead
-            entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape),
-                            "nbytes": t.numel() * t.element_size()})
-            tensors.append(t)
-            return {_TENSOR: len(tensors) - 1}
+        if isinstance(value, (torch.Tensor, np.ndarray)):
+            node: dict[str, Any] = {}
+            leaves.append((value, node))
+            return node
         if value is None or isinstance(value, (int, str)):  # bool is an int
             return value
         if isinstance(value, float):
             return value if math.isfinite(value) else {_FLOAT: repr(value)}
-        if isinstance(value, np.ndarray):
-            a = np.ascontiguousarray(value)
-            entries.append({"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": a.nbytes,
-                            "kind": "numpy"})
-            tensors.append(a)
-            return {_NDARRAY: len(tensors) - 1}
         if isinstance(value, np.generic):
             return walk(value.item())
         if isinstance(value, Mapping):
@@ -121,7 +150,7 @@ def encode_tree(state: Any, *, distributed: Callable[[torch.Tensor], Any] | None
         raise _Refused(type(value).__name__)
 
     try:
-        return walk(state), tensors, entries
+        return walk(state), leaves
     except _Refused as refused:
         where = "state" + "".join(reversed(refused.path))
         raise CheckpointError(f"cannot checkpoint {where}: values of type {refused.kind} are "

@@ -39,7 +39,8 @@ checkpoint (:data:`ecrl.runtime.checkpoint.persist.SHARDED_POINTS`; ``enospc`` f
 write with ``OSError(ENOSPC)``); ``ECRL_CRASH_RANK`` limits it to one rank.
 
 The code: :mod:`._storage` (DCP's storage: byte-entry chunks, hashing, recycled parts, crash
-points), :mod:`._commit` (the strategies and the commit protocol), :mod:`._load` (loading).
+points), :mod:`._commit` (the strategies and the commit protocol), :mod:`._reuse` (an encoding
+of the state kept from one checkpoint to the next), :mod:`._load` (loading).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from ecrl.runtime.checkpoint.persist import (
     apply_retention,
 )
 from ecrl.runtime.checkpoint.pipeline import Deferred, SnapshotPipeline, storage_key, warn
+from ecrl.runtime.checkpoint.sharded._reuse import Encoding, KeptEncoding
 from ecrl.runtime.checkpoint.sharded._storage import (
     ChunkBytes,
     ChunkPlanner,
@@ -125,6 +126,8 @@ class _Job:
     """False when the pipelined copy's guard found a deferred tensor written to."""
     extra: dict[str, Any] = field(default_factory=dict)
     """More fields for the checkpoint event."""
+    layout: object = None
+    """Its tensors' dtypes and shapes (:attr:`Encoding.layout`: the same while reused)."""
     own_rng: dict[str, Any] | None = None
     """This rank's RNG states, when its capture stood them in for every rank's (async): the
     commit gathers the others' (:meth:`ShardedCheckpoints._fill_rngs`)."""
@@ -165,6 +168,11 @@ class ShardedCheckpoints(Strategy):
         self._group: Any = None
         self._layouts = LayoutCache()
         """The DTensors' boxes and pieces, kept between checkpoints (:class:`ShardLayout`)."""
+        self._kept = KeptEncoding()
+        self._layout: tuple[list[tuple[Any, ...]], object] | None = None
+        """The entries' dtypes, shapes and places last encoded, and the token standing for them
+        (:attr:`Encoding.layout`)."""
+        """The last checkpoint's encoding, reused while the state's tensors are the same."""
         self._packing: tuple[tuple[list[int], list[int | None]],
                              tuple[list[tuple[int, int]], list[int]]] | None = None
         """The last packing's sizes and owners, and its places and chunk sizes (:meth:`_pack`)."""
@@ -228,18 +236,37 @@ class ShardedCheckpoints(Strategy):
     def _job(self, state: Any, step: int, t0: float) -> _Job:
         # The structure check across ranks (_same_everywhere) runs in _persist: for
         # sharded-async on its thread, not in the training's stall.
+        tree, leaves = statepack.skeleton(state)
+        encoding = self._kept.reuse(leaves) or self._encode_leaves(leaves)
+        values = encoding.values
+        tensors = dict(zip(_tensor_keys(len(values)), map(_as_tensor, values), strict=True))
+        return _Job(step=step, tensors=tensors, tree=tree, entries=encoding.entries,
+                    places=encoding.places, chunk_sizes=encoding.chunk_sizes,
+                    meta=self.ctx.meta(step), snapshot_s=time.perf_counter() - t0,
+                    layout=encoding.layout)
+
+    def _encode_leaves(self, leaves: list[tuple[Any, dict[str, Any]]]) -> Encoding:
+        """The state's tensors (a skeleton's ``leaves``) encoded and laid out in chunks, their
+        nodes filled; kept for the next checkpoint (:class:`KeptEncoding`)."""
         shards = ShardLayout(self._layouts)
-        tree, values, entries = statepack.encode_tree(state, distributed=shards)
+        values: list[Any] = []
+        entries: list[dict[str, Any]] = []
+        for value, node in leaves:
+            statepack.encode_leaf(value, node, values, entries, shards)
         shards.keep()
         owners = shards.lay_out(values, entries, rank=self.ctx.rank,
                                 world_size=self.ctx.world_size) if shards else []
         places, chunk_sizes = self._pack([int(e["nbytes"]) for e in entries], owners)
-        tensors = dict(zip(_tensor_keys(len(values)), map(_as_tensor, values), strict=True))
         for entry, (chunk, offset) in zip(entries, places, strict=True):
             entry["chunk"], entry["offset"] = chunk, offset
-        return _Job(step=step, tensors=tensors, tree=tree, entries=entries, places=places,
-                    chunk_sizes=chunk_sizes, meta=self.ctx.meta(step),
-                    snapshot_s=time.perf_counter() - t0)
+        # The same layout keeps its token, so that staging sets made for it stay in use.
+        shapes = [(e["dtype"], e["shape"], e["chunk"], e["offset"]) for e in entries]
+        if self._layout is None or self._layout[0] != shapes:
+            self._layout = (shapes, object())
+        encoding = Encoding(values=values, entries=entries, places=places,
+                            chunk_sizes=chunk_sizes, layout=self._layout[1])
+        self._kept.keep(leaves, encoding, self._layouts)
+        return encoding
 
     def _pack(self, sizes: list[int], owners: list[int | None]
               ) -> tuple[list[tuple[int, int]], list[int]]:
@@ -426,7 +453,10 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             # layout comes from this rank's RNG state in every rank's place: the same dtypes and
             # shapes as the gathered ones, with no collective.
             self._staged_ahead = True
-            rngs = [statepack.rng_state()] * self.ctx.world_size
+            mine = statepack.rng_state()
+            if self._distributed and self.ctx.world_size > 1:
+                self._rngs_alike(mine)  # its collective here, not in the first checkpoint
+            rngs = [mine] * self.ctx.world_size
             job = self._job(self.ctx.capture(rngs), 0, time.perf_counter())
             self._stage(job)
             if job.staging is not None:
@@ -452,7 +482,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         """Whether every rank's RNG states have the same dtypes and shapes, so that this rank's
         can stand in for all of them (not so with ranks that see different numbers of CUDA
         devices: then they are gathered at the boundary, as ``sharded`` does). Decided once, by
-        a collective at the attempt's first checkpoint: a rank's devices do not change."""
+        a collective when the staging set is made (or at the first checkpoint, if that comes
+        first): a rank's devices do not change."""
         if self._alike is None:
             shapes = _shapes(statepack.encode_tree(mine)[2])
             everyone: list[Any] = [None] * self.ctx.world_size
@@ -496,13 +527,13 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         write)."""
         pin = torch.cuda.is_available()
         # Places and chunk sizes follow from the dtypes and shapes (and the world size).
-        layout = [(t.dtype, t.shape) for t in job.tensors.values()]
+        layout = job.layout
         if self._free:
             index = self._free.pop()
         else:
             index = len(self._staging)
             self._staging.append(([], {}, {}))
-        if self._staging[index][0] != layout:
+        if self._staging[index][0] is not layout:
             chunks = {k: torch.empty(job.chunk_sizes[k], dtype=torch.uint8, pin_memory=pin)
                       for k in self._own_chunks(job)}
             views = {key: _placed(chunks, place, tensor) for (key, tensor), place
