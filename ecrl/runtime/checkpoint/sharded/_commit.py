@@ -169,13 +169,10 @@ class ShardedCheckpoints(Strategy):
         self._layouts = LayoutCache()
         """The DTensors' boxes and pieces, kept between checkpoints (:class:`ShardLayout`)."""
         self._kept = KeptEncoding()
+        """The last checkpoint's encoding, reused while the state's tensors are the same."""
         self._layout: tuple[list[tuple[Any, ...]], object] | None = None
         """The entries' dtypes, shapes and places last encoded, and the token standing for them
         (:attr:`Encoding.layout`)."""
-        """The last checkpoint's encoding, reused while the state's tensors are the same."""
-        self._packing: tuple[tuple[list[int], list[int | None]],
-                             tuple[list[tuple[int, int]], list[int]]] | None = None
-        """The last packing's sizes and owners, and its places and chunk sizes (:meth:`_pack`)."""
 
     # --- collectives -----------------------------------------------------------------------------
 
@@ -256,7 +253,8 @@ class ShardedCheckpoints(Strategy):
         shards.keep()
         owners = shards.lay_out(values, entries, rank=self.ctx.rank,
                                 world_size=self.ctx.world_size) if shards else []
-        places, chunk_sizes = self._pack([int(e["nbytes"]) for e in entries], owners)
+        places, chunk_sizes = pack_chunks([int(e["nbytes"]) for e in entries],
+                                          self.ctx.world_size, owners)
         for entry, (chunk, offset) in zip(entries, places, strict=True):
             entry["chunk"], entry["offset"] = chunk, offset
         # The same layout keeps its token, so that staging sets made for it stay in use.
@@ -267,15 +265,6 @@ class ShardedCheckpoints(Strategy):
                             chunk_sizes=chunk_sizes, layout=self._layout[1])
         self._kept.keep(leaves, encoding, self._layouts)
         return encoding
-
-    def _pack(self, sizes: list[int], owners: list[int | None]
-              ) -> tuple[list[tuple[int, int]], list[int]]:
-        """:func:`pack_chunks` of the state's tensors over this world's ranks, kept while their
-        sizes and owners are the previous checkpoint's (a pure function of them; the jobs only
-        read the lists)."""
-        if self._packing is None or self._packing[0] != (sizes, owners):
-            self._packing = ((sizes, owners), pack_chunks(sizes, self.ctx.world_size, owners))
-        return self._packing[1]
 
     def checkpoint(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -553,8 +542,8 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
     def _deferrable(self, tensors: dict[str, torch.Tensor]) -> list[str]:
         """The keys of the tensors over an optimizer's storages (copied under the next step).
         Decided again only for tensor objects the previous checkpoint did not have, or when the
-        optimizers' storages changed: the capture hands out the same detached local shards of
-        the DTensors while they view the same memory (:class:`ShardLayout`), and what such an
+        optimizers' storages changed: a kept encoding hands out the same detached aliases
+        while their tensors view the same memory (:class:`KeptEncoding`), and what such an
         alias views is its own to change."""
         if self._pipeline is None or self._synchronous:
             return []
