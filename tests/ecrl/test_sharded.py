@@ -4,7 +4,6 @@ Real files, real DCP; the multi-rank runs are in tests/integration/test_sharded_
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import os
@@ -714,16 +713,3 @@ def test_sharded_async_gathers_unlike_rng_states_at_the_boundary(tmp_path: Path)
     assert [t.tolist() for t in ranks[1]["cuda"]] == [list(range(16))]
     assert all(torch.equal(got["torch"], want["torch"])
                for got, want in zip(ranks, states, strict=True))
-
-
-def test_the_boundary_leaves_garbage_collection_as_it_found_it() -> None:
-    from ecrl.runtime.checkpoint.sharded import _commit
-
-    try:
-        for enabled in (True, False):
-            (gc.enable if enabled else gc.disable)()
-            with _commit._collection_paused():
-                assert not gc.isenabled()
-            assert gc.isenabled() is enabled
-    finally:
-        gc.enable()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,9 @@ TRICKY_IDS = [
     (b'"sample_ids":[', b'"sample_ids":[ '),                   # a blank
     (b'"sample_ids":[', b'"sample_ids":[0'),                   # a leading zero
     (b'"sample_ids":[', b'"sample_ids":[-'),                   # a sign
+    (b'"sample_ids":[', b'"sample_ids":[+'),                   # a plus sign (not JSON)
+    (b'"sample_ids":[', b'"sample_ids":[,'),                   # an empty first field
+    (b'],"step_s"', b',],"step_s"'),                           # a trailing comma
     (b'"sample_ids":[', b'"sample_ids":[['),                   # a nested list
     (b'"sample_ids":[', b'"sample_ids":[1,'),                  # one ID too many
     (b'],"step_s"', b'.0],"step_s"'),                          # a float
@@ -169,8 +173,12 @@ def test_tricky_id_lists_read_the_same_both_ways(logs: dict[bool, bytes], tmp_pa
     path = tmp_path / "rank-001.jsonl"
     path.write_bytes(data)
     for block in (200, 1 << 20):
-        assert outcome(path, log_ids=True, fast=True, block=block) == \
-            outcome(path, log_ids=True, fast=False, block=block)
+        # Quietly: numpy's number reader warns about what it cannot read; the fast path must
+        # refuse such text before handing it over.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert outcome(path, log_ids=True, fast=True, block=block) == \
+                outcome(path, log_ids=True, fast=False, block=block)
 
 
 def test_logged_ids_are_proven_without_parsing_them(logs: dict[bool, bytes], tmp_path: Path,
@@ -235,6 +243,60 @@ def test_huge_integers_are_a_schema_error(logs: dict[bool, bytes], tmp_path: Pat
     path.write_bytes(data)
     kind, message = outcome(path, log_ids=False, fast=True, block=1 << 20)
     assert kind == "error" and "too large" in message
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_an_empty_number_of_the_right_length_is_not_proven(logs: dict[bool, bytes],
+                                                           tmp_path: Path, where: str) -> None:
+    """A digit of the first list turned into a comma (its length unchanged): an empty number
+    at the list's start or end is refused before numpy's reader sees it (which would warn)."""
+    data = bytearray(logs[True])
+    start = data.index(b'"sample_ids":[') + len(b'"sample_ids":[')
+    data[start if where == "first" else data.index(b"]", start) - 1] = ord(",")
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(bytes(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kind, _ = outcome(path, log_ids=True, fast=True, block=1 << 20)
+        assert (kind, _) == outcome(path, log_ids=True, fast=False, block=1 << 20)
+    assert kind == "error"
+
+
+@pytest.mark.parametrize("zeros", [0, 1])
+def test_an_id_moved_to_the_next_line_is_not_proven(logs: dict[bool, bytes], tmp_path: Path,
+                                                    zeros: int) -> None:
+    """The IDs of the whole block in their order, but one line's last ID written into the next
+    line's list (with a leading zero making up the first list's lost length, when ``zeros``):
+    the fast path must not take the block for the runtime's."""
+    first, second, rest = logs[True].split(b"\n", 2)
+    key = b'"sample_ids":['
+    head1, ids1 = first.split(key, 1)
+    head2, ids2 = second.split(key, 1)
+    numbers, tail1 = ids1.split(b"]", 1)
+    *kept, moved = numbers.split(b",")
+    pad = b"0" * (zeros * (len(moved) + 1))
+    first = head1 + key + pad + b",".join(kept) + b"]" + tail1
+    second = head2 + key + moved + b"," + ids2
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(b"\n".join([first, second, rest]))
+    kind, rows = outcome(path, log_ids=True, fast=True, block=1 << 20)
+    assert (kind, rows) == outcome(path, log_ids=True, fast=False, block=1 << 20)
+    assert kind == "error" or len(rows[0][-1]) == 1
+
+
+def test_an_id_that_wraps_to_the_expected_one_is_not_proven(logs: dict[bool, bytes],
+                                                               tmp_path: Path) -> None:
+    """2^64 + x is not x: the fast path's number reader must not accept a value that only
+    equals the expected ID modulo 2^64 (the slow path refuses it: JSON reads it as a float)."""
+    first = logs[True].split(b"\n", 1)[0]
+    head, ids = first.split(b'"sample_ids":[', 1)
+    x, rest = ids.split(b",", 1)
+    path = tmp_path / "rank-001.jsonl"
+    path.write_bytes(logs[True].replace(first, head + b'"sample_ids":[' + str(2**64 + int(x))
+                                        .encode() + b"," + rest, 1))
+    kind, message = outcome(path, log_ids=True, fast=True, block=1 << 20)
+    assert (kind, message) == outcome(path, log_ids=True, fast=False, block=1 << 20)
+    assert kind == "error" and "rank-001.jsonl:1: field 'sample_ids'" in message
 
 
 def test_ids_beyond_int64_are_out_of_range(logs: dict[bool, bytes], tmp_path: Path) -> None:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import gc
 import hashlib
 import json
 import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,6 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ecrl.contract import safepath
 from ecrl.contract.atomicio import atomic_write_bytes, fsync_dir
 from ecrl.contract.ckptfile import CheckpointError
+from ecrl.contract.gcpause import collection_paused
 from ecrl.contract.runformat import CheckpointEvent, JsonlWriter, LatestPointer, write_json_record
 from ecrl.contract.shardfile import (
     MANIFEST,
@@ -566,7 +565,10 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
             self._pipeline.settle()
 
     def checkpoint(self, step: int) -> None:
-        with _collection_paused():
+        # The boundary allocates a few thousand small objects, enough to start a collection,
+        # and a full one walks every object of a process that imported torch (about 400,000:
+        # 10 ms, longer than the whole boundary).
+        with collection_paused():
             self._boundary(step)
 
     def _boundary(self, step: int) -> None:
@@ -644,20 +646,6 @@ class AsyncShardedCheckpoints(ShardedCheckpoints):
         finally:
             self._pool.shutdown(wait=True)
             super().close()
-
-
-@contextlib.contextmanager
-def _collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collection held off for a moment: the boundary allocates a few
-    thousand small objects, enough to start a collection, and a full one walks every object of a
-    process that imported torch (about 400,000: 10 ms, longer than the whole boundary)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _copy_keys(sources: dict[str, torch.Tensor], staged: dict[str, torch.Tensor],
