@@ -24,9 +24,15 @@ def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["candidate_value"] > 0 and row["alternative_value"] > 0
         assert row["ratio"] == pytest.approx(row["candidate_value"] / row["alternative_value"])
-    # overlapped (2), jit (1), sharded-async vs overlapped at 1 and 2 ranks (2)
-    assert len(report["targets"]) == 5
-    assert any(row["candidate"].startswith("jit") for row in report["rows"])
+    # overlapped (2), jit in whole runs and in one process (2), sharded-async vs overlapped at
+    # 1 and 2 ranks (2)
+    assert len(report["targets"]) == 6
+    jit_rows = [row for row in report["rows"] if row["candidate"].startswith("jit")]
+    assert len(jit_rows) == 2
+    # In one process: jit's four calls of each step (forward pre-hook, optimizer pre-hook, the
+    # two boundary calls) timed where they are paid.
+    in_process, = [row for row in jit_rows if "one process" in row["metric"]]
+    assert "jit's own calls (4 per step)" in in_process["note"]
     sharded = [row for row in report["rows"] if row["candidate"].startswith("sharded")]
     assert sorted((row["candidate"], row["metric"].split(":")[0]) for row in sharded) == [
         ("sharded", "tiny-cnn, 1 rank"), ("sharded", "tiny-cnn, 2 ranks"),

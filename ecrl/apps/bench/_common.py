@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ecrl.contract.atomicio import atomic_write_text
 
@@ -190,6 +191,20 @@ def median_time(fn: Callable[[], object], *, repeats: int) -> float:
         samples.append(time.perf_counter() - t0)
     samples.sort()
     return samples[len(samples) // 2]
+
+
+def timed_calls(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
+    """``fn`` whose every call's wall time is appended to ``spent`` (a function: set on a class,
+    it binds as a method)."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    return timed
 
 
 def command_line() -> str:

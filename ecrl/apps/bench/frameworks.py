@@ -31,7 +31,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
+from ecrl.apps.bench._common import (
+    BenchResult,
+    BenchRow,
+    Progress,
+    Target,
+    command_line,
+    timed_calls,
+)
 from ecrl.apps.bench.library import id_wrapper_cost
 
 BATCH = 32
@@ -77,19 +84,6 @@ class _Bench:
 
         torch.manual_seed(0)
         return build_model("tiny-cnn", num_classes=self.num_classes, side=32)
-
-
-def _timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
-    """``fn`` whose every call's wall time is appended to ``spent``."""
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - t0)
-
-    return timed
 
 
 def _steps(starts: list[float]) -> list[float]:
@@ -146,7 +140,7 @@ def _lightning_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
             ours = ECRLCallback(run_dir)
         spent: list[float] = []
         for name in ("on_train_batch_start", "on_before_backward", "on_train_batch_end"):
-            setattr(ours, name, _timed(getattr(ours, name), spent))
+            setattr(ours, name, timed_calls(getattr(ours, name), spent))
         callbacks.append(ours)
         per_step = hooks
 
@@ -194,8 +188,8 @@ def _accelerate_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
     tracker: ECRLTracker | None = None
     if mode is not None:
         tracker = ECRLTracker(accelerator, run_dir, loader, steps=steps, sampler=sampler)
-        tracker._arrived = _timed(tracker._arrived, spent)  # type: ignore[method-assign]
-        tracker._record = _timed(tracker._record, spent)  # type: ignore[method-assign]
+        tracker._arrived = timed_calls(tracker._arrived, spent)  # type: ignore[method-assign]
+        tracker._record = timed_calls(tracker._record, spent)  # type: ignore[method-assign]
 
     def batches() -> Iterator[Any]:
         while True:  # epochs, as the loop of the example does
@@ -276,13 +270,13 @@ def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
         ours = ECRLCallback(run_dir, sampler=sampler).attach(trainer)
         for name in ("on_step_begin", "on_step_end", "on_epoch_begin", "_take_ids",
                      "_take_loss"):
-            setattr(ours, name, _timed(getattr(ours, name), spent))
+            setattr(ours, name, timed_calls(getattr(ours, name), spent))
         # The collator's own work: all of its call, less the Trainer's collator inside it.
         collator: Any = trainer.data_collator  # attach made it a SampleIdCollator
         inner: list[float] = []
-        collator.collator = _timed(collator.collator, inner)
+        collator.collator = timed_calls(collator.collator, inner)
         outer: list[float] = []
-        trainer.data_collator = _timed(collator, outer)
+        trainer.data_collator = timed_calls(collator, outer)
 
         class Sum(TrainerCallback):  # after ECRL's events: one total per step
             def on_step_end(self, *args: Any, **kwargs: Any) -> None:
