@@ -33,6 +33,7 @@ def test_quick_benchmark_reports_both_ratios(tmp_path: Path) -> None:
     # two boundary calls) timed where they are paid.
     in_process, = [row for row in jit_rows if "one process" in row["metric"]]
     assert "jit's own calls (4 per step)" in in_process["note"]
+    assert any("jit's own per-step work" in t["description"] for t in report["targets"])
     sharded = [row for row in report["rows"] if row["candidate"].startswith("sharded")]
     assert sorted((row["candidate"], row["metric"].split(":")[0]) for row in sharded) == [
         ("sharded", "tiny-cnn, 1 rank"), ("sharded", "tiny-cnn, 2 ranks"),

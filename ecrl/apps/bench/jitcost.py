@@ -11,6 +11,11 @@ alike, and each pair of neighbouring blocks gives a ratio — their spread is th
 calls (the forward pre-hook that keeps the module buffers, the optimizer's step pre-hook, the
 two boundary calls) are timed where they are paid.
 
+On this VM the pairs still spread ±10% or more (another tenant's burst lands on one block of a
+pair), and which copy of the model was built first moved the ratio by up to 20% between two
+runs: the blocks bound jit's cost only loosely. The timed calls measure it directly; all that
+they leave out is the dispatch of the two hooks (a few microseconds).
+
 Run as ``python -m ecrl.apps.bench.jitcost JSON``: prints one JSON line.
 """
 
