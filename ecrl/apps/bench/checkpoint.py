@@ -281,9 +281,9 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
                 description=f"{case.model}: jit >= {JIT_TARGET:.0%} of the no-checkpoint "
                             "throughput, whole runs (their spread above)",
                 measured=f"{j_share:.1%}", met=j_share >= JIT_TARGET))
-            if not cuda:
+            if not cuda:  # the CPU's rows: the in-process jit measurement trains on the CPU,
+                # and one GPU cannot give 2 ranks a device each (the sharded rows)
                 _jit_in_process_rows(case, progress, rows, targets)
-            if not cuda:  # one GPU cannot give 2 ranks a device each: sharded rows are the CPU's
                 _sharded_rows(root, case, runs, progress, rows, targets)
             for group in runs.values():
                 for paths in group:

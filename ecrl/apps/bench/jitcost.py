@@ -22,6 +22,7 @@ Run as ``python -m ecrl.apps.bench.jitcost JSON``: prints one JSON line.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -48,13 +49,22 @@ class _Trainee:
     log: Any
     ckpt: Any
     steps: Iterator[tuple[int, list[int]]]
+    previous: float | None = None
+    """When this copy's previous step record was written (the trainer's ``step_s``)."""
 
 
 def measure(case: dict[str, Any]) -> dict[str, Any]:
     """``case``: model, global_batch, block (steps per block), pairs, warmup (blocks)."""
+    root = Path(tempfile.mkdtemp(prefix="ecrl-bench-jitcost-"))
+    try:
+        return _measure(case, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(case: dict[str, Any], root: Path) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
     import ecrl
@@ -62,6 +72,7 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
     from ecrl.runtime.checkpoint.checkpointer import seed_all
     from ecrl.runtime.trainer.datasets import build_dataset
     from ecrl.runtime.trainer.models import build_model
+    from ecrl.runtime.trainer.trainer import make_optimizer, train_step
 
     torch.set_num_threads(1)
     spent: list[float] = []
@@ -70,15 +81,14 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
     model_name, batch = case["model"], case["global_batch"]
     block, pairs, warmup = case["block"], case["pairs"], case["warmup"]
     total = (warmup + pairs) * block
-    root = Path(tempfile.mkdtemp(prefix="ecrl-bench-jitcost-"))
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
     data = build_dataset("fake", data_dir=None, size=DATASET_SIZE, model=model_name)
+    cpu = torch.device("cpu")
 
     def trainee(strategy: str) -> _Trainee:
         seed_all(0)
         net = DistributedDataParallel(build_model(model_name, num_classes=data.num_classes))
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+        optimizer, scheduler = make_optimizer(net, lr=0.05, steps=total)
         sampler = ecrl.GlobalBatchSampler(DATASET_SIZE, batch, seed=0, steps=total)
         log = ecrl.StepLog(root / strategy, sampler=sampler, steps=total, log_ids=False,
                            model=model_name, dataset="fake")
@@ -90,19 +100,12 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
                         zip(range(start, total), sampler, strict=True))
 
     def run_block(t: _Trainee) -> float:
-        import numpy as np
-
         t0 = time.perf_counter()
         for _ in range(block):
             step, ids = next(t.steps)
-            x, y = data.batch(np.asarray(ids, dtype=np.int64))
-            t.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(t.net(x).flatten(0, -2), y.flatten())
-            t.log.step(step, sample_ids=ids, loss=loss)
-            loss.backward()
-            t.optimizer.step()
-            t.scheduler.step()
-            t.ckpt.after_step(step)
+            t.previous = train_step(step, ids, net=t.net, dataset=data, device=cpu,
+                                    optimizer=t.optimizer, scheduler=t.scheduler, log=t.log,
+                                    ckpt=t.ckpt, previous=t.previous)
         return time.perf_counter() - t0
 
     trainees = {"none": trainee("none"), "jit": trainee("jit")}
@@ -119,21 +122,16 @@ def measure(case: dict[str, Any]) -> dict[str, Any]:
         t.ckpt.close()
         t.log.close()
     dist.destroy_process_group()
+    measured = pairs * block
     paired = [n / j for n, j in zip(times["none"], times["jit"], strict=True)]
     step_s = statistics.median(times["none"]) / block
-    own_s = sum(spent) / (pairs * block)
-    measured = pairs * block
+    own_s = sum(spent) / measured
     return {"model": model_name, "block": block, "pairs": pairs, "none_step_s": step_s,
             "none_rate": measured / sum(times["none"]), "jit_rate": measured / sum(times["jit"]),
             "paired_min": min(paired), "paired_max": max(paired),
             "paired_median": statistics.median(paired), "own_s": own_s,
-            "own_calls_per_step": len(spent) / (pairs * block),
-            "own_share": own_s / step_s, "root": str(root)}
+            "own_calls_per_step": len(spent) / measured, "own_share": own_s / step_s}
 
 
 if __name__ == "__main__":
-    result = measure(json.loads(sys.argv[1]))
-    import shutil
-
-    shutil.rmtree(result.pop("root"), ignore_errors=True)
-    print(json.dumps(result))
+    print(json.dumps(measure(json.loads(sys.argv[1]))))

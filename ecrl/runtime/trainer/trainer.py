@@ -66,7 +66,7 @@ from ecrl.runtime.trainer.datasets import build_dataset
 from ecrl.runtime.trainer.models import build_model, parallelize
 from ecrl.runtime.trainer.placement import choose_placement
 
-__all__ = ["FINAL_DIR", "Trainer", "main", "params_digest"]
+__all__ = ["FINAL_DIR", "Trainer", "main", "make_optimizer", "params_digest", "train_step"]
 
 FINAL_DIR = "final"
 
@@ -79,6 +79,37 @@ def params_digest(state: dict[str, torch.Tensor]) -> str:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return f"sha256:{h.hexdigest()}"
+
+
+def make_optimizer(net: torch.nn.Module, *, lr: float, steps: int
+                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The built-in trainer's optimizer (SGD with momentum and weight decay) and its schedule
+    (cosine over the run's ``steps``)."""
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+
+
+def train_step(step: int, ids: list[int], *, net: torch.nn.Module, dataset: Any,
+               device: torch.device, optimizer: torch.optim.Optimizer, scheduler: Any,
+               log: StepLog, ckpt: Checkpointer, previous: float | None) -> float:
+    """One step of the built-in trainer on the batch of sample ``ids``: forward, the step record,
+    backward, update, schedule, the checkpointer's boundary. ``previous``: when this rank's
+    previous record was written (None: none yet this attempt); returns this record's time."""
+    x, y = dataset.batch(np.asarray(ids, dtype=np.int64))
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    optimizer.zero_grad(set_to_none=True)
+    # (batch, classes) or, for a language model, (batch, tokens, vocabulary)
+    loss = F.cross_entropy(net(x).flatten(0, -2), y.flatten())
+    # The record before the backward pass: before these gradients can enter the all-reduce.
+    # step_s is record to record (one whole step); the first record of an attempt has none.
+    now = time.perf_counter()
+    extra: dict[str, Any] = {} if previous is None else {"step_s": now - previous}
+    log.step(step, sample_ids=ids, loss=loss, **extra)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    ckpt.after_step(step)
+    return now
 
 
 class Trainer:
@@ -136,9 +167,7 @@ class Trainer:
         else:  # sharded in place: the checkpointer saves it whole and reshards it on a resume
             net = parallelize(model, dp_mesh=data_parallel_mesh(mesh),
                               tp_mesh=mesh["tp"] if "tp" in mesh.mesh_dim_names else None)
-        optimizer = torch.optim.SGD(net.parameters(), lr=t.lr, momentum=0.9,
-                                    weight_decay=5e-4)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.target)
+        optimizer, scheduler = make_optimizer(net, lr=t.lr, steps=self.target)
         sampler = GlobalBatchSampler(m.dataset_size, m.global_batch, seed=m.seed,
                                      steps=self.target, mesh=mesh)
         log = StepLog(self.paths.root, sampler=sampler, steps=self.target, log_ids=m.log_ids,
@@ -151,22 +180,9 @@ class Trainer:
         previous: float | None = None  # when this rank's previous record was written
         with ckpt:  # jit: an exception a dead peer causes reaches the checkpointer's rescue
             for step, ids in zip(range(start, self.target), sampler, strict=True):
-                x, y = dataset.batch(np.asarray(ids, dtype=np.int64))
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                optimizer.zero_grad(set_to_none=True)
-                # (batch, classes) or, for a language model, (batch, tokens, vocabulary)
-                loss = F.cross_entropy(net(x).flatten(0, -2), y.flatten())
-                # The record before the backward pass: before these gradients can enter the
-                # all-reduce. step_s is record to record (one whole step); the first record of
-                # an attempt has none.
-                now = time.perf_counter()
-                extra: dict[str, Any] = {} if previous is None else {"step_s": now - previous}
-                previous = now
-                log.step(step, sample_ids=ids, loss=loss, **extra)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                ckpt.after_step(step)
+                previous = train_step(step, ids, net=net, dataset=dataset, device=self.device,
+                                      optimizer=optimizer, scheduler=scheduler, log=log,
+                                      ckpt=ckpt, previous=previous)
         log.close()
         self._write_final(model, sharded=mesh is not None)
         if self.world_size > 1:
