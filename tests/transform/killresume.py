@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkserver
+
 from transform._testing.drive import DrivenRun
 
 SRC_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +58,7 @@ def environment(ckpt_dir: Path) -> dict[str, str]:
 
 def run_original(program: Path, *, cwd: Path, env: dict[str, str],
                  timeout: float = 120.0) -> Reference:
-    run = DrivenRun(program, cwd, env)
+    run = DrivenRun(program, cwd, env, popen=forkserver.popen)
     run.wait_ready(timeout)
     out, _, work = run.finish(timeout)
     assert run.proc.returncode == 0, run.stderr
@@ -83,7 +85,7 @@ def kill_and_resume(program: Path, reference: Reference, *, cwd: Path, env: dict
     for attempt in range(1, max_attempts + 1):
         if from_scratch:
             shutil.rmtree(env["ECRL_CKPT_DIR"], ignore_errors=True)
-        run = DrivenRun(program, cwd, env)
+        run = DrivenRun(program, cwd, env, popen=forkserver.popen)
         run.wait_ready(timeout)
         capped = random_kills is not None and kills >= random_kills
         fraction = fractions[1] if capped else rng.uniform(*fractions)
@@ -136,14 +138,20 @@ def assert_printed_lines_agree(reference: Reference, printed: str, who: str) -> 
 def inject(program: Path, kill_at: str, *, cwd: Path, env: dict[str, str],
            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """One attempt SIGKILLed by the runtime itself at a chosen save (``N`` or ``N:POINT``)."""
-    return subprocess.run([sys.executable, str(program)], cwd=cwd,
-                          env={**env, "ECRL_TRANSFORM_KILL_AT": kill_at,
-                               # what it prints before the kill reaches us, to be judged
-                               "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return _run(program, cwd=cwd, env={**env, "ECRL_TRANSFORM_KILL_AT": kill_at,
+                                       # what it prints before the kill reaches us, to be judged
+                                       "PYTHONUNBUFFERED": "1"}, timeout=timeout)
 
 
 def finish(program: Path, *, cwd: Path, env: dict[str, str],
            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return _run(program, cwd=cwd, env=env, timeout=timeout)
+
+
+def _run(program: Path, *, cwd: Path, env: dict[str, str],
+         timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python program``; a torch program through :mod:`forkserver` (torch imported once)."""
+    if forkserver.imports_torch(program):
+        return forkserver.run(program, cwd=cwd, env=env, timeout=timeout)
     return subprocess.run([sys.executable, str(program)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import killresume as kr
 import pytest
 
@@ -143,7 +144,7 @@ def _attempt(program: Path, cwd: Path, env: dict[str, str], rng: random.Random,
     about a third of the time, else a random delay after it printed two new epochs — by then
     the first of them is saved, so the run progresses however slow the machine is. With
     ``kill=False`` the attempt runs to its end."""
-    run = DrivenRun(program, cwd, env)
+    run = DrivenRun(program, cwd, env, popen=forkserver.popen)
     run.wait_ready(120)
     if not kill:
         out, killed, _ = run.finish(120)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["DRIVER", "DrivenRun"]
@@ -70,10 +71,13 @@ class DrivenRun:
     """One driven process: wait for ``ready``, then for exit or a deadline (then SIGKILL)."""
 
     def __init__(self, program: Path, cwd: Path, env: dict[str, str],
-                 args: tuple[str, ...] = ()) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(program), *args],
-                                     cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                 args: tuple[str, ...] = (), *,
+                 popen: Callable[..., subprocess.Popen[str]] = subprocess.Popen) -> None:
+        # ``popen``: how the process starts (the tests fork torch programs from a process that
+        # imported torch once: tests/transform/forkserver.py)
+        self.proc = popen([sys.executable, "-c", DRIVER, str(program), *args],
+                          cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
         self.err: list[str] = []
         self.ready = threading.Event()
         self.started = 0.0
