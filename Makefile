@@ -47,9 +47,11 @@ test-gpu: $(if $(GPU_PYTHON),,$(STAMP))
 	@$(GPU_PY) -c 'import sys, torch; sys.exit(None if torch.cuda.is_available() else "make test-gpu: no CUDA device here (torch " + torch.__version__ + " sees none); run it on a machine with a GPU")'
 	CUBLAS_WORKSPACE_CONFIG=:4096:8 HYPOTHESIS_PROFILE=gpu $(GPU_PY) -m pytest -m gpu -n $(GPU_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
-# Thousands of hypothesis examples and the long integration runs.
+# Thousands of hypothesis examples and the long integration runs; the kill harness's torch
+# programs each in a new interpreter (make test forks them from one that imported torch:
+# tests/transform/forkserver.py).
 test-long: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
+	HYPOTHESIS_PROFILE=long ECRL_TEST_FRESH_INTERPRETERS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/ecrl bench all --write-docs docs/benchmarks.md

@@ -20,6 +20,7 @@ NumPy's BLAS pool, started by the import, is rebuilt in the child by its own for
 is what the DataLoader's forked workers rely on too); anything else is started
 with :class:`subprocess.Popen` as before. One attempt runs per server at a time (the harness
 runs its attempts one after another); a second concurrent request also falls back to ``Popen``.
+``ECRL_TEST_FRESH_INTERPRETERS=1`` turns the server off (``make test-long`` runs that way).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import IO, Any
 
 from transform._testing.drive import DRIVER
 
-__all__ = ["imports_torch", "popen", "run"]
+__all__ = ["FRESH_ENV", "imports_torch", "popen", "run"]
 
 _SERVER = r"""
 import json, os, socket, struct, sys
@@ -72,6 +73,9 @@ while True:
     _, status = os.waitpid(pid, 0)
     channel.sendall(struct.pack("q", os.waitstatus_to_exitcode(status)))
 """
+
+FRESH_ENV = "ECRL_TEST_FRESH_INTERPRETERS"
+"""Set (``make test-long`` sets it): every attempt a new interpreter, as before the server."""
 
 # May differ between the server and an attempt: torch reads none of them at import.
 _PER_ATTEMPT = ("RANK", "PYTHONUNBUFFERED")
@@ -191,7 +195,8 @@ def popen(argv: list[str], *, cwd: Path, env: dict[str, str], **kwargs: Any) -> 
     """:class:`subprocess.Popen` (``kwargs``: its pipes, text mode), or for the driver's
     ``[python, "-c", DRIVER, program, *args]`` of a torch program a fork of the server when it
     can (stdout and stderr text pipes, as the harness asks of Popen)."""
-    if argv[1:3] == ["-c", DRIVER] and imports_torch(Path(cwd, argv[3])):
+    if argv[1:3] == ["-c", DRIVER] and imports_torch(Path(cwd, argv[3])) and \
+            not os.environ.get(FRESH_ENV):
         server = _server_for(env)
         if server is not None:
             try:

@@ -30,8 +30,9 @@ HEAD = textwrap.dedent("""\
 
 @pytest.mark.parametrize("forked", [False, True], ids=["new-interpreter", "forked"])
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
-def test_the_driver_ends_a_program_as_the_interpreter_does(ending: str, forked: bool,
-                                                            tmp_path: Path) -> None:
+def test_the_driver_ends_a_program_as_the_interpreter_does(
+        ending: str, forked: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(forkserver.FRESH_ENV, raising=False)
     body, status, stderr = ENDINGS[ending]
     program = tmp_path / "p.py"
     program.write_text(HEAD + body + "\n")
@@ -50,7 +51,9 @@ def test_the_driver_ends_a_program_as_the_interpreter_does(ending: str, forked: 
     assert work > 0
 
 
-def test_a_forked_program_is_killed_for_real(tmp_path: Path) -> None:
+def test_a_forked_program_is_killed_for_real(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(forkserver.FRESH_ENV, raising=False)
     program = tmp_path / "p.py"
     program.write_text("import time\nimport torch\nprint('started', flush=True)\n"
                        "time.sleep(600)\n")
@@ -64,12 +67,14 @@ def test_a_forked_program_is_killed_for_real(tmp_path: Path) -> None:
         os.kill(run.proc.pid, 0)  # gone, and reaped by the server
 
 
-def test_forkserver_run_is_python_run(tmp_path: Path) -> None:
+def test_forkserver_run_is_python_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(forkserver.FRESH_ENV, raising=False)
     program = tmp_path / "p.py"
     program.write_text("import sys\nimport torch\nprint('out')\nprint('err', file=sys.stderr)\n"
                        "sys.exit(4)\n")
     env = dict(os.environ)
     forked = forkserver.run(program, cwd=tmp_path, env=env, timeout=120)
+    assert forkserver._servers, "no server: the comparison would be with itself"
     plain = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120, check=False)
     assert (forked.returncode, forked.stdout, forked.stderr) == \
