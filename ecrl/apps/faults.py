@@ -248,7 +248,7 @@ def _rank_pid(root: Path, rank: int) -> int | None:
         except OSError:
             continue
         if want in environ and f"RANK={rank}".encode() in environ \
-                and b"ecrl.runtime.trainer.trainer" in cmdline:
+                and b"ecrl.runtime.trainer" in cmdline:
             return int(entry.name)
     return None
 

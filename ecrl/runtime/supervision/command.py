@@ -19,7 +19,7 @@ __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "enviro
            "start_torchrun"]
 
 TORCHRUN_LOG = "torchrun.log"
-TRAINER = ("-m", "ecrl.runtime.trainer.trainer")
+TRAINER = ("-m", "ecrl.runtime.trainer")
 """What ``ecrl run`` has torchrun run on every rank."""
 
 

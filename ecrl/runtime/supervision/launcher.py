@@ -2,7 +2,7 @@
 
 ``ecrl launch [options] -- python train.py ARGS`` runs ``train.py`` under torchrun on every rank of
 every attempt, exactly as ``ecrl run`` runs the built-in trainer (which is ``ecrl launch`` of
-``-m ecrl.runtime.trainer.trainer``): world-size schedule, injected failures, relaunch from the last
+``-m ecrl.runtime.trainer``): world-size schedule, injected failures, relaunch from the last
 durable checkpoint, Ctrl-C and continue with ``ecrl launch --out SAME``, ``supervisor.json`` and
 the same summary. The script learns its attempt from the ``ECRL_*`` environment
 (:mod:`ecrl.runtime.launchenv`) through the library (:class:`ecrl.StepLog`,

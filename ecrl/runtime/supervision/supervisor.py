@@ -3,7 +3,7 @@
 One run directory, many attempts. For each attempt the supervisor reads ``latest.json`` (and
 verifies the checkpoint it names, so a corrupt one is reported instead of loaded), picks the
 attempt's world size from ``--world-sizes``, passes the failures that have not fired yet, and
-launches torchrun (:mod:`.command`) on ``-m ecrl.runtime.trainer.trainer`` (``ecrl launch``: the
+launches torchrun (:mod:`.command`) on ``-m ecrl.runtime.trainer`` (``ecrl launch``: the
 user's script, :mod:`.launcher`). While torchrun runs it follows rank 0's step log
 (:mod:`.progress`); when torchrun exits, :mod:`.policy` classifies the exit and says whether the
 run relaunches or ends. Ctrl-C, SIGTERM or SIGHUP (:mod:`.signals`) stop torchrun (it stops the

@@ -1,4 +1,5 @@
-"""The training process that torchrun launches (``python -m ecrl.runtime.trainer.trainer``),
+"""The training process that torchrun launches (``python -m ecrl.runtime.trainer``: its
+``__main__`` imports this module and runs :func:`main`),
 one per rank: DDP, or (``--parallel fsdp|hsdp``, ``--tp``) the model sharded over this attempt's
 device mesh (:func:`ecrl.init_mesh`), FSDP2 per block and at the root, tiny-gpt's layers split
 over the tensor-parallel ranks, which consume the same shard of each window.
@@ -246,6 +247,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ecrl trainer (rank {rank}): error: {message}", file=sys.stderr, flush=True)
         return FATAL_EXIT_CODE
 
-
-if __name__ == "__main__":
-    sys.exit(main())
