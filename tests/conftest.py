@@ -1,11 +1,16 @@
-"""Shared test settings: hypothesis profiles and the gpu marker."""
+"""Shared test settings: hypothesis profiles, the gpu marker, and collection without the
+cyclic collector."""
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+from ecrl.contract.gcpause import collection_paused
 
 # ci: derandomized and small enough for `make test`; long: `make test-long`; gpu: `make
 # test-gpu`'s drawn failure schedules, each a real run of 2-3 attempts (about 25 s on a GPU
@@ -25,6 +30,17 @@ settings.register_profile(
     phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[None]:
+    """Collection imports every test module, and with them torch, Lightning, transformers and
+    Ray's client: millions of objects and next to no garbage. With the cyclic collector held off
+    it takes a third less CPU in each worker, and frozen afterwards (``gc.freeze``) those objects
+    are no longer walked by the collections the tests themselves set off."""
+    with collection_paused():
+        yield
+    gc.freeze()
 
 
 def _cuda_available() -> bool:
