@@ -6,9 +6,6 @@ STAMP  := $(VENV)/.ecrl-installed
 # torch comes pinned from the machine's local wheel store; pyproject keeps a compatible range in its
 # `train` extra, which `dev` includes (the base install, `pip install ecrl`, has no torch).
 TORCH  := torch==2.14.1 torchvision==0.29.1
-# --no-compile: pip would byte-compile every module of torch, Lightning, transformers and Ray
-# (16 s for torch alone); the interpreter compiles the few thousand that get imported, once, on
-# their first import, and caches them in .venv as pip would have.
 # One worker more than the cores: about an eighth of the suite waits on the clock (polls, start-ups,
 # fsync, kills timed into a step), and the extra worker fills that time. On the 2-core machine,
 # from a clean clone: 3 workers 18 min 10 s, 2 workers (-n auto) 19 min 06 s.
@@ -20,8 +17,8 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml tests/integration/requirements-streaming.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile $(TORCH)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/integration/requirements-streaming.txt
 	@touch $(STAMP)
 
