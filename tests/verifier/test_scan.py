@@ -128,15 +128,46 @@ TRICKY = [
     (b'"time":', b'"time":"1",'),                          # a string time
     (b'"step_s":0.05}', b'"step_s":0.05}\r'),              # a carriage return
     (b'"step_s":0.05}', b'"step_s":[0.05,'),               # an array left open
+    # The rest of a line read as columns (verifier._rests): numbers JSON reads or refuses.
+    (b'"loss":', b'"loss":+'),                             # a plus sign (not JSON)
+    (b'"loss":', b'"loss":0'),                             # a leading zero
+    (b'"loss":', b'"loss":-'),                             # a negative loss
+    (b'"loss":', b'"loss":-0,"y":'),                       # -0: the integer 0
+    (b'"loss":', b'"loss":-0.0,"y":'),                     # -0.0: a float
+    (b'"loss":', b'"loss": '),                             # a blank before a number
+    (b'"step_s":0.05}', b'"step_s":5e-2}'),                # an exponent
+    (b'"step_s":0.05}', b'"step_s":5E+2}'),                # an exponent with a plus sign
+    (b'"step_s":0.05}', b'"step_s":5e}'),                  # an exponent without digits
+    (b'"step_s":0.05}', b'"step_s":.05}'),                 # no integer part
+    (b'"step_s":0.05}', b'"step_s":1e400}'),               # beyond float64's range
+    (b'"step_s":0.05}', b'"step_s":123456789012345678901234567890}'),  # beyond int64's
+    (b'"step_s":0.05}', b'"step_s":1-2}'),                 # a sign inside a number
+    (b'"step_s":0.05}', b'"step_s":[]}'),                  # an empty list
+    (b'"step_s":0.05}', b'"step_s":[1]}'),                 # a list that is not empty
+    (b'"step_s":0.05}', b'"step_s":0.05,"step_s":1}'),     # a key repeated
+    (b'"step_s":', b'"step:s":'),                          # a colon inside a key
+    (b'"step_s":', b'"step,s":'),                          # a comma inside a key
+    (b'"step_s":0.05}', b'"step_s":0.05,"z":1,"z2":2}'),   # more numbers
+    (b'"loss":', b'"lost":'),                              # another key
+    (b'"time":', b'"time":1,"t":'),                        # a key more
 ]
 
 
+def replaced(data: bytes, old: bytes, new: bytes, where: str) -> bytes:
+    """``old`` replaced by ``new`` in the first line that has it, the last, or every line."""
+    assert old in data
+    if where == "first":
+        return data.replace(old, new, 1)
+    if where == "last":
+        return new.join(data.rsplit(old, 1))
+    return data.replace(old, new)
+
+
 @pytest.mark.parametrize(("old", "new"), TRICKY)
-@pytest.mark.parametrize("everywhere", [False, True])
+@pytest.mark.parametrize("where", ["first", "last", "every"])
 def test_tricky_edits_read_the_same_both_ways(logs: dict[bool, bytes], tmp_path: Path, old: bytes,
-                                             new: bytes, everywhere: bool) -> None:
-    data = logs[False]
-    data = data.replace(old, new) if everywhere else data.replace(old, new, 1)
+                                             new: bytes, where: str) -> None:
+    data = replaced(logs[False], old, new, where)
     path = tmp_path / "rank-001.jsonl"
     path.write_bytes(data)
     for block in (200, 1 << 20):
@@ -163,13 +194,10 @@ TRICKY_IDS = [
 
 
 @pytest.mark.parametrize(("old", "new"), TRICKY_IDS)
-@pytest.mark.parametrize("everywhere", [False, True])
+@pytest.mark.parametrize("where", ["first", "last", "every"])
 def test_tricky_id_lists_read_the_same_both_ways(logs: dict[bool, bytes], tmp_path: Path,
-                                                 old: bytes, new: bytes, everywhere: bool
-                                                 ) -> None:
-    data = logs[True]
-    assert old in data
-    data = data.replace(old, new) if everywhere else data.replace(old, new, 1)
+                                                 old: bytes, new: bytes, where: str) -> None:
+    data = replaced(logs[True], old, new, where)
     path = tmp_path / "rank-001.jsonl"
     path.write_bytes(data)
     for block in (200, 1 << 20):
@@ -199,6 +227,65 @@ def test_logged_ids_are_proven_without_parsing_them(logs: dict[bool, bytes], tmp
     path.write_bytes(logs[True])
     rows, fast = read(path, log_ids=True, fast=True, block=1 << 20)
     assert fast == len(rows) > 0 and proven == [True]
+
+
+def test_runtime_rests_are_read_as_columns(logs: dict[bool, bytes], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is left of the runtime's lines (loss, time, extra numbers) is read from its bytes,
+    not parsed into a dict per line."""
+    import verifier._scan as scan
+
+    read_as_columns = []
+
+    def spy(*args: Any) -> Any:
+        got = numeric_rests(*args)
+        read_as_columns.append(got is not None)
+        return got
+
+    numeric_rests = scan.numeric_rests
+    monkeypatch.setattr(scan, "numeric_rests", spy)
+    for ids in (True, False):
+        path = tmp_path / f"rank-{ids}.jsonl"
+        path.write_bytes(logs[ids])
+        rows, fast = read(path, log_ids=ids, fast=True, block=1 << 20)
+        assert fast == len(rows) > 0
+    assert read_as_columns == [True, True]
+
+
+NUMBER_BYTES = b"0123456789.eE+-"
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=8).map(
+    lambda b: bytes(NUMBER_BYTES[x % len(NUMBER_BYTES)] for x in b)),
+    st.sampled_from([b"1", b"0.5", b"-2e-3", b"[]"])), min_size=1, max_size=6))
+@example([(b"-0.0", b"1"), (b"-0", b"[]")])
+@example([(b"1.5E-3", b"1"), (b"-12e+2", b"1"), (b"0", b"1")])
+@example([(b"1e400", b"1")])
+@example([(b"01", b"1")])
+@example([(b"+1", b"1")])
+@example([(b"1.", b"1")])
+@example([(b"123456789012345678901234567890", b"1")])
+def test_rest_columns_are_what_json_reads(lines: list[tuple[bytes, bytes]]) -> None:
+    """Number-like bytes in the rests: read as columns only if JSON reads them, and then as
+    JSON reads them (-0 the integer 0, bools never, 1e400 refused)."""
+    import orjson
+
+    from verifier._rests import numeric_rests
+
+    second = lines[0][1]
+    text = b"\n" + b"".join(b'{"loss":' + a + b',"t":' + second + b'}\n' for a, _ in lines)
+    got = numeric_rests(np.frombuffer(text, dtype=np.uint8).copy(), len(lines))
+    try:
+        parsed = [orjson.loads(line) for line in text.split(b"\n")[1:-1]]
+    except orjson.JSONDecodeError:
+        assert got is None
+        return
+    if got is None:
+        return  # refusing is always allowed: the caller then parses the lines
+    first, columns = got
+    assert first == parsed[0]
+    expected = np.array([p["loss"] for p in parsed], dtype=np.float64)
+    assert columns["loss"].tobytes() == expected.tobytes()  # bit for bit: -0.0 stays -0.0
 
 
 @given(st.booleans(), edits(), st.sampled_from([97, 1000, 1 << 20]), st.booleans())
