@@ -8,8 +8,6 @@ import json
 import subprocess
 import sys
 
-from ecrl.runtime.supervision.command import TRAINER
-
 PROBE = """
 import gc, json, sys
 from ecrl.runtime.trainer.__main__ import load
@@ -36,7 +34,3 @@ def test_the_rank_entry_imports_without_collections_then_freezes_them() -> None:
     assert probe["enabled"] is True
     assert probe["dynamo"] is True
     assert probe["main"] == "ecrl.runtime.trainer.trainer.main"
-
-
-def test_ecrl_run_starts_the_entry() -> None:
-    assert TRAINER == ("-m", "ecrl.runtime.trainer")

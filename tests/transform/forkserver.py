@@ -117,6 +117,14 @@ _servers: list[_Server] = []
 _lock = threading.Lock()
 
 
+def _close_all() -> None:
+    for server in _servers:
+        server.close()
+
+
+atexit.register(_close_all)
+
+
 def _server_for(env: dict[str, str]) -> _Server | None:
     with _lock:
         for server in _servers:
@@ -126,8 +134,6 @@ def _server_for(env: dict[str, str]) -> _Server | None:
             return None  # an unusable server for this environment: Popen
         server = _Server(env)
         _servers.append(server)
-        if not _servers[1:]:
-            atexit.register(lambda: [s.close() for s in _servers])
         return server if server.serves(env) and server.busy.acquire(blocking=False) else None
 
 

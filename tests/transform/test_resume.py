@@ -15,6 +15,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import forkserver
 import killresume as kr
 import pytest
 from genprograms import programs
@@ -96,7 +97,7 @@ def test_runnable_fixtures_are_there() -> None:
 
 
 def _uses_torch(name: str) -> bool:
-    return "import torch" in (CORPUS / name / "input.py").read_text()
+    return forkserver.imports_torch(CORPUS / name / "input.py")
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
