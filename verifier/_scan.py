@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
@@ -386,17 +386,19 @@ class RankLog:
             return None
         first, columns = read
         keys = first.keys()
-        if "loss" not in columns or "time" not in columns or not keys.isdisjoint(PREFIX_KEYS) \
+        if "loss" not in columns or "time" not in columns or not self._rest_keys_fit(keys) \
                 or not keys.isdisjoint(_MESH_KEYS):
             return None
         logged_ids = "sample_ids" in keys
         if logged_ids and (not ids_proven or "sample_ids" in columns):
             return None  # an ID list left to compare (or not a list): the JSON parse does it
-        if self.log_ids and not logged_ids:
-            return None
         return Batch(first_line=self.next_line, steps=steps, time=columns["time"], fast=True,
                      loss=columns["loss"] if self.want_loss else None,
                      id_block=expected_ids if logged_ids else None)
+
+    def _rest_keys_fit(self, keys: Set[str]) -> bool:
+        """No proven prefix key again in the rest, and the IDs there when the run logs them."""
+        return keys.isdisjoint(PREFIX_KEYS) and ("sample_ids" in keys or not self.log_ids)
 
     def _fast_rests(self, rests: list[Any], steps: npt.NDArray[np.int64],
                     expected_ids: npt.NDArray[np.int64] | None, *, ids_proven: bool = False
@@ -405,7 +407,7 @@ class RankLog:
         if not isinstance(first, dict) or "loss" not in first or "time" not in first:
             return None
         keys = set(first)
-        if keys.intersection(PREFIX_KEYS) or (self.log_ids and "sample_ids" not in keys):
+        if not self._rest_keys_fit(keys):
             return None
         if not self._mesh_proven(rests, keys):
             return None

@@ -86,9 +86,14 @@ def imports_torch(program: Path) -> bool:
     return "import torch" in program.read_text()
 
 
+def _fixed(env: dict[str, str]) -> dict[str, str]:
+    """What of an environment must be the server's for an attempt to be forked from it."""
+    return {k: v for k, v in env.items() if not k.startswith("ECRL_") and k not in _PER_ATTEMPT}
+
+
 class _Server:
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+        self.key = _fixed(env)
         self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(theirs.fileno())],
                                      env=env, pass_fds=[theirs.fileno()],
@@ -98,11 +103,8 @@ class _Server:
         self.usable = threads == 1
         self.busy = threading.Lock()
 
-    def serves(self, env: dict[str, str]) -> bool:
-        def fixed(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if not k.startswith("ECRL_") and
-                    k not in _PER_ATTEMPT}
-        return self.usable and self.proc.poll() is None and fixed(env) == fixed(self.env)
+    def alive(self) -> bool:
+        return self.usable and self.proc.poll() is None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -126,15 +128,15 @@ atexit.register(_close_all)
 
 
 def _server_for(env: dict[str, str]) -> _Server | None:
+    """The free server for ``env``, started on first use; None (then Popen) when it is busy,
+    or unusable or gone (never started again: each start imports torch)."""
+    key = _fixed(env)
     with _lock:
-        for server in _servers:
-            if server.serves(env):
-                return server if server.busy.acquire(blocking=False) else None
-        if any(s.env == env for s in _servers):
-            return None  # an unusable server for this environment: Popen
-        server = _Server(env)
-        _servers.append(server)
-        return server if server.serves(env) and server.busy.acquire(blocking=False) else None
+        server = next((s for s in _servers if s.key == key), None)
+        if server is None:
+            server = _Server(env)
+            _servers.append(server)
+        return server if server.alive() and server.busy.acquire(blocking=False) else None
 
 
 class ForkedProcess:
@@ -170,6 +172,8 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0) from None
             finally:
                 self._server.channel.settimeout(None)
+            if len(data) != 8:
+                raise RuntimeError(f"the fork server died before reporting attempt {self.pid}")
             self.returncode, = struct.unpack("q", data)
             self._server.busy.release()
         return self.returncode
