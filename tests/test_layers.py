@@ -29,10 +29,11 @@ ALLOWED = {
     "ecrl/runtime/sampling": (*_RUNTIME_SHARED, "ecrl.runtime.sampling"),
     "ecrl/runtime/checkpoint": (*_RUNTIME_SHARED, "ecrl.runtime.sampling",
                                 "ecrl.runtime.checkpoint"),
-    # The supervisor reads the commit protocol's pointer and checks a data directory the way the
-    # trainer will read it.
+    # The supervisor reads the commit protocol's pointer, checks a data directory the way the
+    # trainer will read it, and starts the trainer's torchrun (its agent) and finds its ranks.
     "ecrl/runtime/supervision": (*_RUNTIME_SHARED, "ecrl.runtime.checkpoint",
-                                 "ecrl.runtime.supervision", "ecrl.runtime.trainer.datasets"),
+                                 "ecrl.runtime.supervision", "ecrl.runtime.trainer.datasets",
+                                 "ecrl.runtime.trainer.agent"),
     "ecrl/runtime/trainer": (*_RUNTIME_SHARED, "ecrl.runtime"),
     # A framework's hooks drive the step log and record the framework's checkpoints.
     "ecrl/runtime/integrations": (*_RUNTIME_SHARED, "ecrl.runtime.sampling",

@@ -55,6 +55,7 @@ from ecrl.contract.runformat import LatestPointer, RunPaths, write_json_record
 from ecrl.contract.semantics import Geometry
 from ecrl.contract.shardfile import MANIFEST
 from ecrl.runtime.checkpoint.registry import periodic_strategies, strategy_entry
+from ecrl.runtime.supervision.command import rank_pids
 
 __all__ = ["FaultCase", "CaseResult", "cases", "run_campaign", "render_markdown", "forge_checksums",
            "main"]
@@ -236,23 +237,6 @@ def _ecrl_run(root: Path, args: Sequence[str], env: dict[str, str] | None = None
         return proc.returncode, err
 
 
-def _rank_pid(root: Path, rank: int) -> int | None:
-    """The trainer process of ``rank`` of the run in ``root`` (found by its environment)."""
-    want = f"ECRL_RUN_DIR={root}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if want in environ and f"RANK={rank}".encode() in environ \
-                and b"ecrl.runtime.trainer" in cmdline:
-            return int(entry.name)
-    return None
-
-
 def _signal_rank_at(rank: int, step: int, sig: int) -> Callable[[subprocess.Popen[str], Path],
                                                                   None]:
     """A watcher: once rank ``rank`` of attempt 0 logged ``step``, send it ``sig``."""
@@ -263,7 +247,7 @@ def _signal_rank_at(rank: int, step: int, sig: int) -> Callable[[subprocess.Pope
         while proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(OSError):
                 if log.exists() and log.read_bytes().count(b"\n") > step:
-                    pid = _rank_pid(root, rank)
+                    pid = rank_pids(root).get((0, rank))
                     if pid is not None:
                         time.sleep(0.01)  # into the next step
                         os.kill(pid, sig)

@@ -7,6 +7,9 @@ import ctypes
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+NAME_BYTES = 15
+"""The longest process name Linux keeps (``/proc/PID/comm``; 16 bytes with the NUL)."""
 
 
 def signal_on_parent_death(signum: int) -> bool:
@@ -20,4 +23,21 @@ def signal_on_parent_death(signum: int) -> bool:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    return False
+
+
+def name_process(name: str) -> bool:
+    """Set this process's name as ``ps``, ``top`` and ``/proc/PID/comm`` show it (at most
+    :data:`NAME_BYTES` bytes: longer names are refused, not cut). Returns whether it was set.
+
+    A process forked without ``exec`` keeps its parent's command line and initial environment
+    in ``/proc``; its name is the one thing about it that it can change there."""
+    encoded = name.encode()
+    if len(encoded) > NAME_BYTES:
+        raise ValueError(f"process name {name!r} is longer than {NAME_BYTES} bytes")
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_NAME, ctypes.c_char_p(encoded), 0, 0, 0) == 0
     return False

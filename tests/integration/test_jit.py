@@ -25,6 +25,7 @@ from lineage_check import load_run
 
 from ecrl.contract.runformat import RunPaths, SupervisorState, read_json_record
 from ecrl.runtime.checkpoint.jit import logged_through
+from ecrl.runtime.supervision.command import rank_pids
 
 # conftest's TINY at world size 2 (40 steps): the uninterrupted twin is conftest's reference_run,
 # made once for the session (the strategy does not change the trajectory, test_trajectory.py).
@@ -142,26 +143,7 @@ def test_verifier_warns_when_an_ending_replays_more_than_it_promises(
 
 def _rank_pids(root: Path, attempt: int) -> dict[int, int]:
     """Rank → pid of this run's trainer processes of ``attempt`` (from /proc)."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = dict(item.split("=", 1) for item in
-                       (entry / "environ").read_bytes().decode(errors="replace").split("\0")
-                       if "=" in item)
-        except OSError:
-            continue
-        if env.get("ECRL_RUN_DIR") == str(root) and env.get("ECRL_ATTEMPT") == str(attempt) \
-                and "RANK" in env and "TORCHELASTIC_RUN_ID" in env \
-                and "LOCAL_RANK" in env:
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"torch.distributed.run" not in cmdline:
-                found[int(env["RANK"])] = int(entry.name)
-    return found
+    return {rank: pid for (a, rank), pid in rank_pids(root).items() if a == attempt}
 
 
 def _drive(root: Path, args: list[str], actions: list[Callable[[Path, int], bool]],

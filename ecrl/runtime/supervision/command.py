@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,12 +13,14 @@ from pathlib import Path
 
 from ecrl.contract.runformat import LatestPointer, RunPaths
 from ecrl.runtime._proc import signal_on_parent_death
-from ecrl.runtime.launchenv import AttemptEnv
+from ecrl.runtime.launchenv import GO_VARIABLE, AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
+from ecrl.runtime.supervision.standby import STANDBY_DIR
+from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
-           "start_torchrun"]
+           "rank_pids", "start_torchrun"]
 
 TORCHRUN_LOG = "torchrun.log"
 TRAINER = ("-m", "ecrl.runtime.trainer")
@@ -40,9 +44,11 @@ def torchrun_command(settings: SupervisorSettings, paths: RunPaths, attempt: int
             launch += ["--rdzv-conf", c.rdzv_conf]
     # torchrun polls its ranks every monitor interval: a failed rank is noticed (and the attempt
     # ended) that much later, time every recovery loses; 0.1 s costs no measurable CPU.
-    return [sys.executable, "-m", "torch.distributed.run", *launch,
-            "--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
-            "--monitor-interval", "0.1", *program]
+    launch += ["--nproc-per-node", str(world // c.nnodes), "--max-restarts", "0",
+               "--monitor-interval", "0.1"]
+    if tuple(program) == TRAINER:
+        return forked_torchrun(launch)  # the trainer imported once, its ranks forked from it
+    return [sys.executable, "-m", "torch.distributed.run", *launch, *program]
 
 
 def attempt_env(config: RunConfig, paths: RunPaths, attempt: int, pointer: LatestPointer | None,
@@ -87,3 +93,45 @@ def start_torchrun(command: Sequence[str], env: Mapping[str, str],
         return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=dict(env),
                                 start_new_session=True, preexec_fn=_torchrun_preexec)
+
+
+_STANDBY_GO = re.compile(r"attempt-(\d+)\.go")
+
+
+def rank_pids(root: Path) -> dict[tuple[int, int], int]:
+    """``(attempt, rank) → pid`` of the built-in trainer's live ranks of the run in ``root`` on
+    this host (Linux ``/proc``; elsewhere none), a standby's waiting ranks included.
+
+    A rank is forked from its attempt's agent without ``exec`` (:mod:`ecrl.runtime.trainer.agent`),
+    so ``/proc`` shows the agent's command line and initial environment for it: the rank is known
+    by its name, and its run and attempt by that environment (the attempt's variables, or a
+    standby's go file)."""
+    found: dict[tuple[int, int], int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                name = Path(entry.path, "comm").read_text().rstrip("\n")
+                if not name.startswith(RANK_NAME.format("")):
+                    continue
+                raw = Path(entry.path, "environ").read_bytes()
+            except OSError:
+                continue  # gone, or not ours to read
+            env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                       if "=" in item)
+            attempt = _attempt_of(env, root)
+            rank = name[len(RANK_NAME.format("")):]
+            if attempt is not None and rank.isdigit():
+                found[(attempt, int(rank))] = int(entry.name)
+    return found
+
+
+def _attempt_of(env: Mapping[str, str], root: Path) -> int | None:
+    if env.get("ECRL_RUN_DIR") == str(root) and env.get("ECRL_ATTEMPT", "").isdigit():
+        return int(env["ECRL_ATTEMPT"])
+    go = Path(env.get(GO_VARIABLE, "/"))
+    match = _STANDBY_GO.fullmatch(go.name)
+    if match is not None and go.parent == root / STANDBY_DIR:
+        return int(match.group(1))
+    return None

@@ -61,8 +61,8 @@ def survivors_done(paths: RunPaths, attempt: int) -> bool:
 
 
 def kill_remaining_workers(torchrun_pid: int) -> list[int]:
-    """SIGKILL the live children of ``torchrun_pid`` (its workers: each in a session of its own,
-    so no process-group signal reaches them); the pids killed."""
+    """SIGKILL the live children of ``torchrun_pid`` (its workers: the forked ranks of ``ecrl
+    run``, or a script's ranks, each in a session of its own); the pids killed."""
     killed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):

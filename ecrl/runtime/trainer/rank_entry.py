@@ -1,0 +1,54 @@
+"""One rank of ``ecrl run`` in a worker forked from the attempt's agent
+(:mod:`ecrl.runtime.trainer.agent`), which torchrun runs as a script (``--run-path``).
+
+The worker behaves as the new interpreter it replaces would:
+
+- **its signals**: torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into exceptions in
+  itself, and a fork inherits that; they are put back as an interpreter starts with them (SIGTERM
+  ends the rank unless the ``jit`` strategy takes it, SIGINT raises ``KeyboardInterrupt``);
+- **its uncaught exception**: printed by ``sys.excepthook`` (``torch.distributed``'s, which
+  prefixes every line with ``[rankN]:`` once the process group exists: how the supervisor reads a
+  crash from ``torchrun.log``), then exit status 1 (``KeyboardInterrupt``: death by SIGINT).
+  torch's worker wrapper would instead send the traceback to the agent's log without the prefix,
+  and end a ``KeyboardInterrupt`` as a success;
+- **its name**: ``ecrl rank N`` in ``ps`` and ``/proc/PID/comm`` — its command line and initial
+  environment in ``/proc`` are the agent's (:func:`ecrl.runtime.supervision.command.rank_pids`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from ecrl.runtime._proc import NAME_BYTES, name_process
+from ecrl.runtime.trainer.agent import RANK_NAME
+from ecrl.runtime.trainer.trainer import main
+
+_AS_STARTED: dict[signal.Signals, Any] = {
+    signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL,
+    signal.SIGINT: signal.default_int_handler}
+"""Each signal torchrun's agent handles, with the disposition a new interpreter gives it."""
+
+
+def run() -> None:
+    for signum, disposition in _AS_STARTED.items():
+        signal.signal(signum, disposition)
+    name_process(RANK_NAME.format(os.environ.get("RANK", "?"))[:NAME_BYTES])
+    try:
+        code = main()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the end an interpreter gives an uncaught exception
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.stderr.flush()
+        if isinstance(exc, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        code = 1
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    run()
