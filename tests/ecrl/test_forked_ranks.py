@@ -127,6 +127,27 @@ def test_only_the_builtin_trainer_runs_forked() -> None:
     assert script[-3:] == ["train.py", "--lr", "1"] and "fork" not in script
 
 
+PRELOAD = """
+import json, sys, threading
+from ecrl.runtime.trainer.agent import preload
+torchrun = preload()
+import torch
+print(json.dumps({"cuda_initialized": torch.cuda.is_initialized(),
+                  "threads": threading.active_count(),
+                  "trainer": "ecrl.runtime.trainer.trainer" in sys.modules,
+                  "torchrun": f"{torchrun.__module__}.{torchrun.__name__}"}))
+"""
+
+
+def test_the_agent_forks_after_imports_that_start_no_device_and_no_thread() -> None:
+    # A fork keeps one thread (a lock another held stays held in the child), and a CUDA
+    # started before the fork cannot be used in it.
+    out = subprocess.run([sys.executable, "-c", PRELOAD], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert json.loads(out.stdout) == {"cuda_initialized": False, "threads": 1, "trainer": True,
+                                      "torchrun": "torch.distributed.run.main"}
+
+
 SLEEPER = """
 import sys, time
 from ecrl.contract.runformat import RunPaths

@@ -21,12 +21,13 @@ Run as ``python -m ecrl.runtime.trainer.agent TORCHRUN_ARGS`` (:func:`torchrun_c
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from ecrl.contract.gcpause import collection_paused
 
-__all__ = ["RANK_ENTRY", "RANK_NAME", "forked_torchrun"]
+__all__ = ["RANK_ENTRY", "RANK_NAME", "forked_torchrun", "preload"]
 
 RANK_ENTRY = str(Path(__file__).with_name("rank_entry.py"))
 """The script each forked worker runs (torchrun's ``--run-path``)."""
@@ -42,13 +43,18 @@ def forked_torchrun(launch: Sequence[str]) -> list[str]:
             "--start-method", "fork", "--run-path", RANK_ENTRY]
 
 
-def main() -> None:
+def preload() -> Callable[[], None]:
+    """Import torchrun and the trainer (then freeze what the imports made); torchrun's ``main``."""
     from ecrl.runtime.trainer.__main__ import load
 
     with collection_paused():
         import torch.distributed.run as torchrun
     load()  # the trainer's imports, then everything imported so far frozen (torchrun's too)
-    torchrun.main()
+    return cast(Callable[[], None], torchrun.main)
+
+
+def main() -> None:
+    preload()()
 
 
 if __name__ == "__main__":
