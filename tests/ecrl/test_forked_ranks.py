@@ -33,7 +33,7 @@ def torchruns_handler(signum, frame):
 
 def dispositions():
     return {s.name: (signal.getsignal(s) is signal.SIG_DFL) for s in
-            (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)} | {
+            (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)} | {
         "SIGINT_raises_KeyboardInterrupt": signal.getsignal(signal.SIGINT)
             is signal.default_int_handler}
 
@@ -61,6 +61,9 @@ for case in ("ok", "fails", "interrupted", "exits"):
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(s, torchruns_handler)
         os.environ["RANK"] = "3"
+        if case == "ok":  # an agent told to handle one more signal: the rank gets it back too
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+            signal.signal(signal.SIGUSR1, torchruns_handler)
         trainer.main = globals()[case]
         try:
             runpy.run_path(sys.argv[1], run_name="__main__")
@@ -92,7 +95,7 @@ def test_a_forked_rank_gets_an_interpreters_signals_back_and_its_name(
     assert ok["exit"] == 0
     report = json.loads(str(ok["output"]).strip().splitlines()[-1])
     assert report["dispositions"] == {"SIGTERM": True, "SIGHUP": True, "SIGQUIT": True,
-                                      "SIGINT_raises_KeyboardInterrupt": True}
+                                      "SIGUSR1": True, "SIGINT_raises_KeyboardInterrupt": True}
     assert report["name"] == "ecrl rank 3"
 
 

@@ -2,12 +2,12 @@
 the built-in trainer, starting each rank as a fork of itself.
 
 Started as a new interpreter, every rank of every attempt imports torch, ``torch._dynamo`` and the
-trainer before it can join its process group: about 2 s of CPU per rank on a laptop-class core
-(far more on a shared file system), paid again at every restart, and nearly all the CPU a short
-attempt's rank spends. Here those imports run once per attempt, in the agent, with the collector
-held off and their objects frozen (:func:`ecrl.runtime.trainer.__main__.load`); then torchrun's
-own ``main`` runs, flags, rendezvous, monitoring and the SIGTERM-then-SIGKILL end of a failed
-attempt included, with two of torchrun's own options: ``--start-method fork`` (a worker is a fork
+trainer before it can join its process group: about 2 s of CPU per rank on this project's 2-core
+test machine, paid again at every restart, and nearly all the CPU a short attempt's rank spends.
+Here those imports run once per attempt, in the agent, with the collector held off and their
+objects frozen (:func:`ecrl.runtime.trainer.__main__.load`); then torchrun's own ``main`` runs,
+flags, rendezvous, monitoring and the SIGTERM-then-SIGKILL end of a failed attempt included, with
+two of torchrun's own options: ``--start-method fork`` (a worker is a fork
 of this process, its memory shared copy-on-write) and ``--run-path`` (the worker runs a script,
 :mod:`ecrl.runtime.trainer.rank_entry`, in that process).
 

@@ -3,9 +3,10 @@
 
 The worker behaves as the new interpreter it replaces would:
 
-- **its signals**: torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into exceptions in
-  itself, and a fork inherits that; they are put back as an interpreter starts with them (SIGTERM
-  ends the rank unless the ``jit`` strategy takes it, SIGINT raises ``KeyboardInterrupt``);
+- **its signals**: torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT (or the signals
+  ``TORCHELASTIC_SIGNALS_TO_HANDLE`` names) into exceptions in itself, and a fork inherits that;
+  they are put back as an interpreter starts with them (SIGTERM ends the rank unless the ``jit``
+  strategy takes it, SIGINT raises ``KeyboardInterrupt``);
 - **its uncaught exception**: printed by ``sys.excepthook`` (``torch.distributed``'s, which
   prefixes every line with ``[rankN]:`` once the process group exists: how the supervisor reads a
   crash from ``torchrun.log``), then exit status 1 (``KeyboardInterrupt``: death by SIGINT).
@@ -26,15 +27,25 @@ from ecrl.runtime._proc import NAME_BYTES, name_process
 from ecrl.runtime.trainer.agent import RANK_NAME
 from ecrl.runtime.trainer.trainer import main
 
-_AS_STARTED: dict[signal.Signals, Any] = {
-    signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL,
-    signal.SIGINT: signal.default_int_handler}
-"""Each signal torchrun's agent handles, with the disposition a new interpreter gives it."""
+_AGENT_HANDLES = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+"""torchrun's variable naming the signals its agent handles (default below)."""
+_AGENT_DEFAULT = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def _as_started(signum: signal.Signals) -> Any:
+    """The disposition a new interpreter gives ``signum``."""
+    if signum == signal.SIGINT:
+        return signal.default_int_handler
+    if signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        return signal.SIG_IGN
+    return signal.SIG_DFL
 
 
 def run() -> None:
-    for signum, disposition in _AS_STARTED.items():
-        signal.signal(signum, disposition)
+    for name in os.environ.get(_AGENT_HANDLES, _AGENT_DEFAULT).split(","):
+        signum = getattr(signal, name.strip(), None)
+        if isinstance(signum, signal.Signals) and signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, _as_started(signum))
     name_process(RANK_NAME.format(os.environ.get("RANK", "?"))[:NAME_BYTES])
     try:
         code = main()
