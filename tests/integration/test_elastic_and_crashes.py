@@ -46,11 +46,15 @@ def test_writer_killed_mid_protocol_leaves_a_valid_latest(writer_crash_run: Run)
 
 
 def _processes_mentioning(text: str) -> list[int]:
+    """Processes whose command line or initial environment names ``text``: the supervisor and
+    the writer by their arguments, torchrun and its forked ranks by ``ECRL_RUN_DIR``."""
     found = []
+    wanted = text.encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                if wanted in (entry / "cmdline").read_bytes() or \
+                        wanted in (entry / "environ").read_bytes():
                     found.append(int(entry.name))
             except OSError:
                 continue

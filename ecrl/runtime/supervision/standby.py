@@ -1,14 +1,15 @@
 """Warm standby: the next attempt's torchrun, started while the current one trains.
 
-A restart costs a new torchrun, its rendezvous, every rank's ``import torch`` and whatever a
-training script does before its first ECRL object: seconds, whatever the checkpoint strategy,
-and often more than the steps a failure throws away. With ``--warm-standby`` the supervisor
-starts the next attempt's torchrun as soon as the current attempt is launched. Its ranks get as
-far as the first read of their attempt (:meth:`ecrl.runtime.launchenv.AttemptEnv.from_environ`,
-the first ``StepLog``/``Checkpointer`` of a user's script, the built-in trainer's start) and wait
-there for a *go file*. When the current attempt ends and the supervisor has chosen where the next
-one resumes, it writes the go file with that attempt's ``ECRL_*`` environment (atomically); the
-waiting ranks take it into their environment and carry on, as if launched then.
+A restart costs a new torchrun, its rendezvous, ``import torch`` (once in the agent of ``ecrl run``,
+whose ranks are forked from it; in every rank of a script under ``ecrl launch``) and whatever a
+training script does before its first ECRL object: seconds, whatever the checkpoint strategy, and
+often more than the steps a failure throws away. With ``--warm-standby`` the supervisor starts the
+next attempt's torchrun as soon as the current attempt is launched. Its ranks get as far as the
+first read of their attempt (:meth:`ecrl.runtime.launchenv.AttemptEnv.from_environ`, the first
+``StepLog``/``Checkpointer`` of a user's script, the built-in trainer's start) and wait there for a
+*go file*. When the current attempt ends and the supervisor has chosen where the next one resumes,
+it writes the go file with that attempt's ``ECRL_*`` environment (atomically); the waiting ranks
+take it into their environment and carry on, as if launched then.
 
 Nothing about the attempt is decided early: the resume point, the failures still to inject and
 the attempt number all come with the go file. A standby that is not used (the run completed or
