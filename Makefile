@@ -10,6 +10,7 @@ TORCH  := torch==2.14.1 torchvision==0.29.1
 # fsync, kills timed into a step), and the extra worker fills that time. On the 2-core machine,
 # from a clean clone: 3 workers 18 min 10 s, 2 workers (-n auto) 19 min 06 s.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+TYPECHECK := $(BIN)/python -m mypy
 
 .PHONY: setup demo test test-long test-gpu lint typecheck bench clean
 
@@ -29,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check ecrl verifier transform tests
 
 typecheck: $(STAMP)
-	$(BIN)/python -m mypy
+	$(TYPECHECK)
 
 # The suite starts about two thousand Python processes, and this machine (and CI) sets
 # PYTHONDONTWRITEBYTECODE=1: without cached bytecode every one of them compiles the project's
@@ -41,10 +42,10 @@ typecheck: $(STAMP)
 # is printed after the suite's, and either one failing fails `make test`.
 test: $(STAMP) lint
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q ecrl verifier transform
-	@log=$$(mktemp); $(BIN)/python -m mypy > "$$log" 2>&1 & types=$$!; \
-	echo "$(BIN)/python -m mypy (beside the suite)"; \
+	@log=$$(mktemp); $(TYPECHECK) > "$$log" 2>&1 & types=$$!; \
+	echo "$(TYPECHECK) (beside the suite)"; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" --durations=20; \
-	tests=$$?; wait $$types; typed=$$?; echo "--- $(BIN)/python -m mypy"; cat "$$log"; \
+	tests=$$?; wait $$types; typed=$$?; echo "--- $(TYPECHECK)"; cat "$$log"; \
 	rm -f "$$log"; test $$tests -eq 0 && test $$typed -eq 0
 
 # On a CUDA machine: the gpu-marked tests and the drawn failure schedules (hypothesis profile

@@ -96,6 +96,7 @@ def start_torchrun(command: Sequence[str], env: Mapping[str, str],
 
 
 _STANDBY_GO = re.compile(r"attempt-(\d+)\.go")
+_RANK_PREFIX = RANK_NAME.format("")
 
 
 def rank_pids(root: Path) -> dict[tuple[int, int], int]:
@@ -113,7 +114,7 @@ def rank_pids(root: Path) -> dict[tuple[int, int], int]:
                 continue
             try:
                 name = Path(entry.path, "comm").read_text().rstrip("\n")
-                if not name.startswith(RANK_NAME.format("")):
+                if not name.startswith(_RANK_PREFIX):
                     continue
                 raw = Path(entry.path, "environ").read_bytes()
             except OSError:
@@ -121,7 +122,7 @@ def rank_pids(root: Path) -> dict[tuple[int, int], int]:
             env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
                        if "=" in item)
             attempt = _attempt_of(env, root)
-            rank = name[len(RANK_NAME.format("")):]
+            rank = name.removeprefix(_RANK_PREFIX)
             if attempt is not None and rank.isdigit():
                 found[(attempt, int(rank))] = int(entry.name)
     return found
