@@ -252,7 +252,11 @@ def test_jit_sigkill_of_rank_1_at_ten_random_moments(tmp_path: Path,
 def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
     root = directory / "run"
     proc = _drive(root, [*JIT, "--ckpt-every", "4", "--hang-timeout-s", str(HANG_BOUND_S)],
-                  [_kill_at(6, 0.0, (1,), sig=signal.SIGSTOP),
+                  # Stopped once step 5 is logged: the newest complete step is 4, or 5 or 6
+                  # when the stop lands a step or two late, never a committed one (3, 7). Once
+                  # step 6 was logged it now and then landed after step 7's commit, and the
+                  # survivor rightly saved nothing ("step 7 is already committed").
+                  [_kill_at(5, 0.0, (1,), sig=signal.SIGSTOP),
                    _kill_at(9, 0.005, (0, 1), into_attempt=True)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root, proc
@@ -260,7 +264,7 @@ def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.Complete
 
 @pytest.fixture(scope="session")
 def stopped_then_all_killed(runs: RunCache) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """One run (made once for the session) for two endings: rank 1 SIGSTOPped after step 6 of
+    """One run (made once for the session) for two endings: rank 1 SIGSTOPped after step 5 of
     attempt 0 (hung: the survivor's rescue), then in attempt 1 every rank SIGKILLed at once 9
     steps into it (no survivor: the periodic checkpoints, every 4 steps, are all there is)."""
     return shared(runs, "jit-hung-then-killed", _stopped_then_all_killed)
