@@ -16,7 +16,7 @@ TYPECHECK := $(BIN)/python -m mypy
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml tests/integration/requirements-streaming.txt
+$(STAMP): pyproject.toml setup.py ecrl/contract/_native.c verifier/_native.c tests/integration/requirements-streaming.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'

@@ -43,7 +43,7 @@ def _load_snapshots() -> Any:
 _snapshots = _load_snapshots()
 SNAPSHOT, arguments, cases = _snapshots.SNAPSHOT, _snapshots.arguments, _snapshots.cases
 RUNS = ROOT / "fixtures" / "runs"
-PROJECT = ("pyproject.toml", "README.md", "ecrl", "verifier", "transform")
+PROJECT = ("pyproject.toml", "setup.py", "README.md", "ecrl", "verifier", "transform")
 """What ``pip install`` reads: copied, so that the build leaves nothing in the source tree."""
 EXIT = {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}
 
@@ -65,7 +65,7 @@ def _build(folder: Path) -> Path:
     for name in PROJECT:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.egg-info", "build"))
+                "__pycache__", "*.egg-info", "build", "*.so"))  # the install builds its own
         else:
             shutil.copy2(ROOT / name, src / name)
     venv = folder / "venv"
@@ -111,6 +111,18 @@ def test_base_install_has_no_torch(bare: Path, tmp_path: Path) -> None:
     assert not installed & {"torch", "torchvision", "matplotlib"}
     base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert {_name(d) for d in base} <= installed
+
+
+def test_base_install_builds_the_compiled_kernels(bare: Path, tmp_path: Path) -> None:
+    """setup.py's optional kernels are built by a plain ``pip install`` where a C compiler is
+    (this machine, CI): the verifier users install runs the compiled fast path."""
+    code = ("import ecrl.contract.semantics as s, verifier._scan as v\n"
+            "print(s.native.__name__, v.native.__name__, v.native.__file__)")
+    done = _run(bare, "python", "-I", "-c", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    semantics_kernel, scan_kernel, where = done.stdout.split()
+    assert (semantics_kernel, scan_kernel) == ("ecrl.contract._native", "verifier._native")
+    assert Path(where).is_relative_to(bare.parent), where
 
 
 def _jobs(out: Path) -> list[dict[str, object]]:

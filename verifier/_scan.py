@@ -36,6 +36,13 @@ the prefix is just ``}`` would become a valid empty object although the original
 trailing comma; requiring ``loss`` and ``time`` rules that out, and requiring that no remainder
 repeats a prefix key rules out JSON's last-duplicate-wins silently overriding a checked field.
 
+*Compiled.* Where the install built ``verifier._native`` (``verifier/_native.c``, an optional
+C extension, ``setup.py``), the byte comparisons above — prefixes, braces, ID lists — and the copy
+of what is left run in one pass per line (:meth:`RankLog._fast_native`); the expected values are
+the same arrays, and what it accepts is what the numpy version accepts (a canonical decimal is
+the only text whose length, byte classes and value all match). The tests of this module run
+against both.
+
 *Slow path.* Anything else — the first deviation from the expected records, a different writer,
 damaged lines — goes line by line through
 :meth:`ecrl.contract.runformat.StepRecord.from_dict`, which names ``file:line`` for every schema
@@ -64,6 +71,11 @@ from ecrl.contract.gcpause import collection_paused
 from ecrl.contract.runformat import MAX_LINE_BYTES, SCHEMA_VERSION, StepRecord, loads, open_regular
 from verifier._rests import numeric_rests
 
+try:  # the compiled fast path (an optional build, setup.py); else the numpy one below
+    import verifier._native as native
+except ImportError:  # pragma: no cover - a build without a C compiler
+    native = None  # type: ignore[assignment]
+
 __all__ = ["Batch", "RankLog", "PREFIX_KEYS", "BLOCK_BYTES"]
 
 BLOCK_BYTES = 1 << 20
@@ -85,6 +97,8 @@ _get_loss = operator.itemgetter("loss")
 _get_time = operator.itemgetter("time")
 _get_ids = operator.itemgetter("sample_ids")
 _MESH_KEYS = ("dp_rank", "dp_size", "tp_rank", "tp_size")
+_VARIABLE_KEYS = ("global_step", "epoch", "cursor_step", "sample_ids_hash")
+"""The prefix's fields that change from record to record, in the order the writer writes them."""
 _get_mesh = operator.itemgetter(*_MESH_KEYS)
 _LOSS_TYPES = frozenset({float, int, type(None)})
 _TIME_TYPES = frozenset({float, int})
@@ -186,6 +200,7 @@ class RankLog:
         self._lines_in_block = 0
         self._error: RunFormatError | None = None
         self._templates: dict[tuple[int, int, int], _Template] = {}
+        self._prefix_pieces: tuple[bytes, bytes, bytes, bytes, bytes] | None = None
         self.shard_rank = rank if shard_rank is None else shard_rank
         self.shard_world = world_size if shard_world is None else shard_world
         self.mesh_fields = mesh_fields
@@ -265,31 +280,41 @@ class RankLog:
 
     # -- fast path -------------------------------------------------------------------------
 
+    def _pieces(self) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """The expected prefix's bytes around its variable fields: ``pieces[0]``, the global
+        step, ``pieces[1]``, the epoch, ``pieces[2]``, the cursor step, ``pieces[3]``, the hash's
+        16 hex digits, ``pieces[4]``."""
+        if self._prefix_pieces is not None:
+            return self._prefix_pieces
+        fixed = {"schema_version": _digits(SCHEMA_VERSION), "attempt": _digits(self.attempt),
+                 "rank": _digits(self.rank), "world_size": _digits(self.world_size),
+                 "local_batch": _digits(self.local_batch or 0),
+                 "sample_ids_count": _digits(self.local_batch or 0)}
+        pieces: list[bytes] = []
+        out = bytearray(b"{")
+        for i, name in enumerate(PREFIX_KEYS):
+            out += (b"," if i else b"") + b'"' + name.encode() + b'":'
+            if name in fixed:
+                out += fixed[name]
+            else:
+                assert name == _VARIABLE_KEYS[len(pieces)], PREFIX_KEYS
+                pieces.append(bytes(out + (b'"' if name == "sample_ids_hash" else b"")))
+                out = bytearray(b'"' if name == "sample_ids_hash" else b"")
+        pieces.append(bytes(out + b","))
+        assert not any(bytes(_IDS_KEY) in piece for piece in pieces)
+        self._prefix_pieces = (pieces[0], pieces[1], pieces[2], pieces[3], pieces[4])
+        return self._prefix_pieces
+
     def _template(self, dg: int, de: int, dc: int) -> _Template:
         key = (dg, de, dc)
         cached = self._templates.get(key)
         if cached is not None:
             return cached
-        fixed = {"schema_version": _digits(SCHEMA_VERSION), "attempt": _digits(self.attempt),
-                 "rank": _digits(self.rank), "world_size": _digits(self.world_size),
-                 "local_batch": _digits(self.local_batch or 0),
-                 "sample_ids_count": _digits(self.local_batch or 0)}
-        width = {"global_step": dg, "epoch": de, "cursor_step": dc}
-        out = bytearray(b"{")
-        at: dict[str, int] = {}
-        for i, name in enumerate(PREFIX_KEYS):
-            out += (b"," if i else b"") + b'"' + name.encode() + b'":'
-            if name in fixed:
-                out += fixed[name]
-            elif name == "sample_ids_hash":
-                at[name] = len(out) + 1
-                out += b'"' + b"0" * 16 + b'"'
-            else:
-                at[name] = len(out)
-                out += b"0" * width[name]
-        out += b","
-        tpl = _Template(np.frombuffer(bytes(out), dtype=np.uint8), at["global_step"],
-                        at["epoch"], at["cursor_step"], at["sample_ids_hash"])
+        pieces = self._pieces()
+        at = np.cumsum([len(p) for p in pieces[:4]]) + np.cumsum([0, dg, de, dc])
+        row = b"".join((pieces[0], b"0" * dg, pieces[1], b"0" * de, pieces[2], b"0" * dc,
+                        pieces[3], b"0" * 16, pieces[4]))
+        tpl = _Template(np.frombuffer(row, dtype=np.uint8), *map(int, at))
         self._templates[key] = tpl
         return tpl
 
@@ -299,10 +324,6 @@ class RankLog:
         if n == 0:
             return None
         assert self.local_batch is not None
-        starts = np.empty(n, dtype=np.int64)
-        starts[0] = 1
-        starts[1:] = ends[:-1] + 1
-        lengths = ends - starts
         geometry = self.geometry
         s = geometry.steps_per_epoch
         steps = self.next_step + np.arange(n, dtype=np.int64)
@@ -315,6 +336,13 @@ class RankLog:
         else:
             hashes = semantics.shard_hashes(geometry, self.seed, steps, self.shard_rank,
                                             self.shard_world)
+        if native is not None:
+            return self._fast_native(arr, ends, steps, epochs, cursors, hashes,
+                                     expected_ids if self.log_ids else None)
+        starts = np.empty(n, dtype=np.int64)
+        starts[0] = 1
+        starts[1:] = ends[:-1] + 1
+        lengths = ends - starts
         hexes = np.frombuffer(hashes.astype(">u8").tobytes().hex().encode(),
                               dtype=np.uint8).reshape(n, 16)
         dg, de, dc = _ndigits(steps), _ndigits(epochs), _ndigits(cursors)
@@ -354,8 +382,34 @@ class RankLog:
             as_strided(keep, shape=window.shape, strides=(1, 1))[rows, 1:] = False
         rest = arr[keep]
         rest[0] = _NL
-        batch = self._fast_columns(rest, steps, expected_ids if self.log_ids else None,
-                                   ids_proven=id_lists is not None)
+        return self._parse_rests(rest, steps, expected_ids if self.log_ids else None,
+                                 ids_proven=id_lists is not None)
+
+    def _fast_native(self, arr: npt.NDArray[np.uint8], ends: npt.NDArray[np.intp],
+                     steps: npt.NDArray[np.int64], epochs: npt.NDArray[np.int64],
+                     cursors: npt.NDArray[np.int64], hashes: npt.NDArray[np.uint64],
+                     expected_ids: npt.NDArray[np.int64] | None) -> Batch | None:
+        """:meth:`_fast`'s proof of the prefixes, braces and ID lists in one compiled pass
+        (``verifier/_native.c``), which also leaves out the proven bytes."""
+        assert native is not None
+        rest = np.empty(arr.size, dtype=np.uint8)
+        proven = native.prove_block(
+            arr, np.ascontiguousarray(ends, dtype=np.int64), self._pieces(), steps, epochs,
+            cursors, np.ascontiguousarray(hashes, dtype=np.uint64),
+            None if expected_ids is None else np.ascontiguousarray(expected_ids, dtype=np.int64),
+            rest)
+        if proven is None:
+            return None
+        size, ids_proven = proven
+        return self._parse_rests(rest[:size], steps, expected_ids, ids_proven=ids_proven)
+
+    def _parse_rests(self, rest: npt.NDArray[np.uint8], steps: npt.NDArray[np.int64],
+                     expected_ids: npt.NDArray[np.int64] | None, *, ids_proven: bool
+                     ) -> Batch | None:
+        """The batch of a block whose prefixes are proven, from ``rest``: a newline, then each
+        line's ``{`` and what follows its prefix (its ID list left out where proven)."""
+        n = int(steps.size)
+        batch = self._fast_columns(rest, steps, expected_ids, ids_proven=ids_proven)
         if batch is not None:
             return batch
         rest[rest == _NL] = _COMMA
@@ -369,8 +423,7 @@ class RankLog:
                 return None
             batch = None
             if isinstance(rests, list) and len(rests) == n:
-                batch = self._fast_rests(rests, steps, expected_ids if self.log_ids else None,
-                                         ids_proven=id_lists is not None)
+                batch = self._fast_rests(rests, steps, expected_ids, ids_proven=ids_proven)
             del rests  # freed while the collector is off: back on, it would walk them all once
         return batch
 

@@ -47,6 +47,11 @@ import numpy.typing as npt
 
 from ecrl.contract.errors import SemanticsError
 
+try:  # the permutation and hash kernels compiled (an optional build, setup.py); else numpy's
+    import ecrl.contract._native as native
+except ImportError:  # pragma: no cover - a build without a C compiler
+    native = None  # type: ignore[assignment]
+
 __all__ = [
     "PERMUTATION_ALGORITHM",
     "PERMUTATION_VERSION",
@@ -205,7 +210,8 @@ def _divisors(n: int, limit: int = 8) -> str:
 class EpochPermutation:
     """``perm_e`` for one ``(seed, epoch, D)``: call it with positions to get sample IDs."""
 
-    __slots__ = ("dataset_size", "seed", "epoch", "_keys", "_low_bits", "_low_mask", "_high_mask")
+    __slots__ = ("dataset_size", "seed", "epoch", "_keys", "_low_bits", "_low_mask", "_high_mask",
+                 "_native_network")
 
     def __init__(self, *, dataset_size: int, seed: int, epoch: int) -> None:
         self.dataset_size = _check_int("dataset size", dataset_size, low=1, high=MAX_DATASET_SIZE)
@@ -221,6 +227,8 @@ class EpochPermutation:
         self._keys = [
             np.uint64(mix64_int((epoch_key + i) & _MASK64)) for i in range(FEISTEL_HALF_ROUNDS)
         ]
+        self._native_network = (np.array(self._keys, dtype=np.uint64), low, (1 << low) - 1,
+                                (1 << high) - 1, self.dataset_size)
 
     def _network(self, x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         # In-place ufuncs on one scratch buffer: allocation, not arithmetic, dominated the
@@ -240,6 +248,9 @@ class EpochPermutation:
         return high
 
     def _ids(self, flat: npt.NDArray[np.uint64], out: npt.NDArray[np.int64]) -> None:
+        if native is not None and out.flags.c_contiguous:
+            native.feistel(*self._native_network, np.ascontiguousarray(flat), out)
+            return
         limit = np.uint64(self.dataset_size)
         for start in range(0, flat.size, _CHUNK):
             y = self._network(flat[start : start + _CHUNK])
@@ -383,6 +394,10 @@ def ids_hashes(rows: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         raise SemanticsError(f"ids_hashes takes a 2-D array of IDs, got shape {arr.shape}")
     if arr.shape[1] == 0:
         return np.zeros(arr.shape[0], dtype=np.uint64)
+    if native is not None and arr.dtype == np.int64:
+        out = np.empty(arr.shape[0], dtype=np.uint64)
+        native.row_hashes(np.ascontiguousarray(arr), out)
+        return out
     return mix64(arr).sum(axis=1, dtype=np.uint64)
 
 

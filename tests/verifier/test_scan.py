@@ -1,9 +1,15 @@
-"""The step-log scanner: the fast path never reads a block differently from the slow path."""
+"""The step-log scanner: the fast path never reads a block differently from the slow path.
+
+Every test here runs twice: with the compiled kernels (``verifier/_native.c``,
+``ecrl/contract/_native.c``) and with their numpy versions, which a build without a C compiler
+runs; each must agree with the slow path on its own.
+"""
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,28 @@ from verifier._scan import PREFIX_KEYS, RankLog
 from verifier._testing.generate import RunSpec, generate_run
 
 GEOMETRY = semantics.Geometry(dataset_size=40, global_batch=4)
+
+
+@pytest.fixture(scope="module", autouse=True, params=["compiled", "numpy"])
+def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Which fast path the module's tests read with (module-scoped: hypothesis's tests share
+    it). ``numpy``: the compiled kernels are hidden, as in a build without a C compiler."""
+    import verifier._rests as rests
+    import verifier._scan as scan
+
+    holders = (scan, rests, semantics)
+    if request.param == "compiled":
+        assert all(holder.native is not None for holder in holders), "kernels not built"
+        yield request.param
+        return
+    saved = [holder.native for holder in holders]
+    for holder in holders:
+        holder.native = None  # type: ignore[attr-defined]
+    try:
+        yield request.param
+    finally:
+        for holder, module in zip(holders, saved, strict=True):
+            holder.native = module  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")
@@ -209,20 +237,59 @@ def test_tricky_id_lists_read_the_same_both_ways(logs: dict[bool, bytes], tmp_pa
                 outcome(path, log_ids=True, fast=False, block=block)
 
 
+WRONG_VALUE_KEYS = ["attempt", "global_step", "epoch", "cursor_step", "rank", "world_size",
+                    "local_batch", "sample_ids_count", "sample_ids_hash", "sample_ids",
+                    "sample_ids,"]
+"""Fields whose value a test changes in place (``sample_ids``: the list's first ID, ``sample_ids,``
+its second), keeping the text's width: only a comparison of values can tell."""
+
+
+def wrong_value(data: bytes, key: str, where: str) -> bytes:
+    """``data`` with the last digit of ``key``'s value (a hex digit for the hash) changed in the
+    first, the last or every line."""
+    name, second = key.rstrip(","), key.endswith(",")
+    opening = {"sample_ids_hash": b'":"', "sample_ids": b'":['}.get(name, b'":')
+    lines = data.split(b"\n")
+    chosen = {"first": [0], "last": [len(lines) - 2], "every": range(len(lines) - 1)}[where]
+    for i in chosen:
+        line = bytearray(lines[i])
+        at = line.index(b'"' + name.encode() + opening) + len(name) + 1 + len(opening)
+        if second:
+            at = line.index(b",", at) + 1
+        while chr(line[at + 1]) in "0123456789abcdef":
+            at += 1
+        line[at] = ord("1") if line[at] == ord("0") else ord("0")
+        lines[i] = bytes(line)
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize("key", WRONG_VALUE_KEYS)
+@pytest.mark.parametrize("where", ["first", "last", "every"])
+def test_a_wrong_value_of_the_right_width_is_never_proven(
+        logs: dict[bool, bytes], tmp_path: Path, key: str, where: str) -> None:
+    """Each field the fast path proves, changed to another value written as wide: the fast
+    path reads what the slow path reads (the record as written, which the checker rejects)."""
+    for ids in (True, False) if key.rstrip(",") != "sample_ids" else (True,):
+        original, path = tmp_path / f"original-{ids}.jsonl", tmp_path / f"rank-{ids}.jsonl"
+        original.write_bytes(logs[ids])
+        path.write_bytes(wrong_value(logs[ids], key, where))
+        fast = outcome(path, log_ids=ids, fast=True, block=1 << 20)
+        assert fast == outcome(path, log_ids=ids, fast=False, block=1 << 20)
+        assert fast != outcome(original, log_ids=ids, fast=True, block=1 << 20)
+
+
 def test_logged_ids_are_proven_without_parsing_them(logs: dict[bool, bytes], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's ID lists are proven from their bytes: no block falls back to comparing
     parsed lists (which would be as correct, but slower)."""
-    import verifier._scan as scan
-
     proven = []
+    parse_rests = RankLog._parse_rests
 
-    def spy(*args: Any) -> Any:
-        proven.append(scan_id_lists(*args) is not None)
-        return scan_id_lists(*args)
+    def spy(self: RankLog, *args: Any, ids_proven: bool) -> Any:
+        proven.append(ids_proven)
+        return parse_rests(self, *args, ids_proven=ids_proven)
 
-    scan_id_lists = scan._id_lists
-    monkeypatch.setattr(scan, "_id_lists", spy)
+    monkeypatch.setattr(RankLog, "_parse_rests", spy)
     path = tmp_path / "rank-001.jsonl"
     path.write_bytes(logs[True])
     rows, fast = read(path, log_ids=True, fast=True, block=1 << 20)
