@@ -13,6 +13,10 @@
  * row_hashes(rows, out)
  *     rows: int64[n * per]; out: uint64[n] (written): the wrapping sum of splitmix64 over each
  *     row of per = len(rows) / n IDs.
+ * list_hash(ids) -> int | None
+ *     The same hash of a list or tuple of Python ints, each taken mod 2^64 (as the Python
+ *     definition's masks take it); None when an item is not an int (the caller's Python loop
+ *     then decides). A step log hashes one batch per step with it, right after the model's step.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -155,7 +159,29 @@ static PyObject *row_hashes(PyObject *self, PyObject *args)
     return Py_NewRef(Py_None);
 }
 
+static PyObject *list_hash(PyObject *self, PyObject *ids)
+{
+    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "list_hash takes a list or a tuple");
+        return NULL;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject **items = PySequence_Fast_ITEMS(ids);
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_Check(items[i]))
+            Py_RETURN_NONE;
+        /* Any int, negative or beyond 64 bits, reduced mod 2^64: never an error. */
+        const unsigned long long z = PyLong_AsUnsignedLongLongMask(items[i]);
+        if (z == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        total += mix64(z);
+    }
+    return PyLong_FromUnsignedLongLong(total);
+}
+
 static PyMethodDef methods[] = {
+    {"list_hash", list_hash, METH_O, "The multiset hash of a list or tuple of ints."},
     {"feistel", feistel, METH_VARARGS, "The epoch permutation's network with cycle walking."},
     {"row_hashes", row_hashes, METH_VARARGS, "The multiset hash of each row of IDs."},
     {NULL, NULL, 0, NULL},

@@ -81,9 +81,11 @@ class AppendLog:
         self._fsync = fsync
 
     def append(self, line: bytes) -> None:
-        if not line.endswith(b"\n"):
-            line += b"\n"
         # Unbuffered: one write() call per record, so no record is ever split across calls.
+        self.write_line(line if line.endswith(b"\n") else line + b"\n")
+
+    def write_line(self, line: bytes) -> None:
+        """:meth:`append` of a line known to end with its newline (the hot path's shortcut)."""
         self._handle.write(line)
         if self._fsync:
             os.fsync(self._handle.fileno())

@@ -376,8 +376,12 @@ caches) and a Python loop over a few dozen integers a third of that."""
 
 
 def int_ids_hash(ids: Sequence[int]) -> int:
-    """:func:`ids_hash` of Python integers, in plain Python (the same value: a property test
-    holds them equal)."""
+    """:func:`ids_hash` of Python integers (the same value: a property test holds them equal),
+    compiled where the kernels were built, else in plain Python."""
+    if native is not None and type(ids) in (list, tuple):
+        digest = native.list_hash(ids)  # type: ignore[arg-type]
+        if digest is not None:
+            return digest
     total = 0
     for z in ids:  # mix64_int, inlined: this loop is the step log's hot path
         z = (z + _GOLDEN) & _MASK64

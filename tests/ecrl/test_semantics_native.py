@@ -83,3 +83,22 @@ def test_the_permutation_kernel_refuses_what_could_walk_forever() -> None:
         native.feistel(keys, 2, 3, 3, 17, np.array([1], dtype=np.uint64), out)
     native.feistel(keys, 2, 3, 3, 16, np.array([15], dtype=np.uint64), out)
     assert 0 <= out[0] < 16
+
+
+@given(ids=st.lists(st.one_of(st.integers(0, 10**6), st.integers(-(2**70), 2**70),
+                              st.booleans()), max_size=100),
+       as_tuple=st.booleans())
+def test_list_hash_is_the_python_loop(ids: list[int], as_tuple: bool) -> None:
+    """The step log's hash of one batch's IDs: any int (negative, beyond 64 bits, a bool) is
+    taken mod 2^64, as the Python loop's masks take it."""
+    given_ids = tuple(ids) if as_tuple else ids
+    compiled, python = _both(lambda: sem.int_ids_hash(given_ids))
+    assert native is not None and native.list_hash(given_ids) == compiled == python
+    assert python == sem.ids_hash(np.array([i % 2**64 for i in ids], dtype=np.uint64)) \
+        if ids else python == 0
+
+
+def test_list_hash_leaves_other_items_to_the_python_loop() -> None:
+    assert native is not None and native.list_hash([1, 2.0]) is None
+    with pytest.raises(TypeError):
+        sem.int_ids_hash([1, 2.5])

@@ -220,25 +220,13 @@ def _accelerate_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
 def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
                       ) -> tuple[list[float], list[float]]:
     """One ``Trainer.train`` of ``steps`` steps: the step times, and the time ECRL's callback
-    (its step events and forward hooks) and its collator's own work took in each step."""
+    (its step events and forward hooks) took in each step."""
     import torch
     import torch.nn.functional as F
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
     from ecrl.integrations.transformers import ECRLCallback, GlobalBatchSampler
-
-    items = bench.dataset()
-
-    class Named(torch.utils.data.Dataset[dict[str, Any]]):
-        """The Trainer's items are the model's keyword arguments."""
-
-        def __len__(self) -> int:
-            return len(items)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            x, label = items[i]
-            return {"x": x, "labels": label}
 
     class WithLoss(torch.nn.Module):
         def __init__(self, net: Any) -> None:
@@ -254,7 +242,7 @@ def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             starts.append(time.perf_counter())
 
-    data = Named()
+    data = _named(bench.dataset())
     training = TrainingArguments(
         output_dir=str(run_dir / "trainer"), per_device_train_batch_size=BATCH, max_steps=steps,
         learning_rate=0.01, save_strategy="no", logging_strategy="no", report_to="none",
@@ -271,19 +259,13 @@ def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
         for name in ("on_step_begin", "on_step_end", "on_epoch_begin", "_take_ids",
                      "_take_loss"):
             setattr(ours, name, timed_calls(getattr(ours, name), spent))
-        # The collator's own work: all of its call, less the Trainer's collator inside it.
-        collator: Any = trainer.data_collator  # attach made it a SampleIdCollator
-        inner: list[float] = []
-        collator.collator = timed_calls(collator.collator, inner)
-        outer: list[float] = []
-        trainer.data_collator = timed_calls(collator, outer)
+        # (The collator's own work, SampleIdCollator around the Trainer's, is in the data
+        # path's cost: _transformers_data_path.)
 
         class Sum(TrainerCallback):  # after ECRL's events: one total per step
             def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-                hooks.append(sum(spent) + sum(outer) - sum(inner))
+                hooks.append(sum(spent))
                 spent.clear()
-                outer.clear()
-                inner.clear()
 
         trainer.add_callback(Sum())
     trainer.train()
@@ -295,12 +277,48 @@ def _transformers_run(bench: _Bench, mode: str | None, steps: int, run_dir: Path
 # --- the benchmark ----------------------------------------------------------------------------
 
 
-RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], str]] = {
-    "lightning": ("lightning", _lightning_run, "ECRLCallback hooks"),
-    "accelerate": ("accelerate", _accelerate_run, "ECRLTracker hooks"),
-    "transformers": ("transformers", _transformers_run, "ECRLCallback events and hooks"),
+def _named(items: Any) -> Any:
+    """``items`` (pairs ``(x, label)``) as the Trainer's items: the model's keyword arguments."""
+    import torch
+
+    class Named(torch.utils.data.Dataset[dict[str, Any]]):
+        def __len__(self) -> int:
+            return len(items)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            x, label = items[i]
+            return {"x": x, "labels": label}
+
+    return Named()
+
+
+def _torch_data_path(bench: _Bench, batches: int) -> float:
+    """What :class:`ecrl.WithSampleIds` adds to a batch under torch's default collation (the
+    IDs collated into a tensor beside the batch): Lightning's and Accelerate's loaders."""
+    return id_wrapper_cost(bench.dataset(), batch=BATCH, batches=batches)
+
+
+def _transformers_data_path(bench: _Bench, batches: int) -> float:
+    """What the wrapper adds under the Trainer's collation: ``default_data_collator`` against
+    ``SampleIdCollator`` around it (the IDs taken off the pairs and put in the batch)."""
+    from transformers import default_data_collator
+
+    from ecrl.integrations.transformers import SampleIdCollator
+
+    return id_wrapper_cost(_named(bench.dataset()), batch=BATCH, batches=batches,
+                           collate=default_data_collator,
+                           collate_with_ids=SampleIdCollator(default_data_collator))
+
+
+RUNNERS: dict[str, tuple[str, Callable[..., tuple[list[float], list[float]]], str,
+                         Callable[[_Bench, int], float]]] = {
+    "lightning": ("lightning", _lightning_run, "ECRLCallback hooks", _torch_data_path),
+    "accelerate": ("accelerate", _accelerate_run, "ECRLTracker hooks", _torch_data_path),
+    "transformers": ("transformers", _transformers_run, "ECRLCallback events and hooks",
+                     _transformers_data_path),
 }
-"""framework -> (module that must be installed, one run, what ECRL adds to a step)."""
+"""framework -> (module that must be installed, one run, what ECRL's hooks are, what the ID
+wrapper adds to the framework's data path)."""
 
 
 def run(*, quick: bool, progress: Progress) -> BenchResult:
@@ -308,16 +326,18 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     bench = _Bench(512 if quick else DATASET)
     steps = 12 if quick else 300
     rounds = 1 if quick else ROUNDS
-    wrapper = id_wrapper_cost(bench.dataset(), batch=BATCH, batches=20 if quick else 400)
     rows: list[BenchRow] = []
     targets: list[Target] = []
-    notes = [f"one process on CPU, 1 thread; the ID wrapper adds {wrapper * 1e6:.0f} µs per "
-             "batch (median of alternating fetches), counted in each integration's cost"]
-    for framework, (needs, one_run, added) in RUNNERS.items():
+    notes = ["one process on CPU, 1 thread; the ID wrapper's cost is measured on the data path "
+             "each framework runs (torch's default collation for Lightning and Accelerate, the "
+             "Trainer's collator inside ECRL's SampleIdCollator for transformers: median of 400 "
+             "alternating fetches with and without it) and counted in each integration's cost"]
+    for framework, (needs, one_run, added, data_path) in RUNNERS.items():
         if importlib.util.find_spec(needs) is None:
             notes.append(f"{framework}: not installed, left out (pip install the dev extra)")
             continue
         version = importlib.import_module(needs).__version__
+        wrapper = data_path(bench, 20 if quick else 400)
         progress(f"{framework} {version}: {rounds} round(s) of {steps} steps, without ECRL "
                  "and in each mode")
         times: dict[str | None, list[float]] = {None: [], "audit": [], "exact": []}

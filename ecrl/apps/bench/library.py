@@ -17,6 +17,7 @@ import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ecrl.apps.bench._common import BenchResult, BenchRow, Progress, Target, command_line
@@ -29,20 +30,28 @@ ROUNDS = 5
 """Alternating rounds per sampler and DataLoader setting."""
 
 
-def id_wrapper_cost(dataset: Any, *, batch: int, batches: int) -> float:
+def id_wrapper_cost(dataset: Any, *, batch: int, batches: int,
+                    collate: Callable[[list[Any]], Any] | None = None,
+                    collate_with_ids: Callable[[list[Any]], Any] | None = None) -> float:
     """Seconds :class:`ecrl.WithSampleIds` adds to fetching a batch of ``dataset`` (a map-style
     data set whose items are ready, so that a fetch costs the loader's work and the wrapper's):
     the same batches fetched with and without it, alternating so that both see the same
     machine, the difference of the medians. Which of the two goes first alternates too: the
-    second fetch of a pair finds the loader's code in warm caches."""
+    second fetch of a pair finds the loader's code in warm caches.
+
+    ``collate``/``collate_with_ids``: the collation of each side where a framework has its own
+    (the transformers ``Trainer``: its data collator, and ECRL's ``SampleIdCollator`` around it);
+    default: torch's default collation on both."""
     from torch.utils.data import DataLoader
 
     import ecrl
 
     size = len(dataset)
-    bare = iter(DataLoader(dataset, batch_sampler=ecrl.GlobalBatchSampler(size, batch)))
+    bare = iter(DataLoader(dataset, batch_sampler=ecrl.GlobalBatchSampler(size, batch),
+                           collate_fn=collate))
     wrapped = iter(DataLoader(ecrl.WithSampleIds(dataset),
-                              batch_sampler=ecrl.GlobalBatchSampler(size, batch)))
+                              batch_sampler=ecrl.GlobalBatchSampler(size, batch),
+                              collate_fn=collate_with_ids))
     plain: list[float] = []
     with_ids: list[float] = []
     for i in range(batches):

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from ecrl.contract.atomicio import AppendLog, atomic_write_bytes
 from ecrl.contract.errors import RunFormatError
-from ecrl.contract.runformat._json import JSON_ERRORS, dumps, loads
+from ecrl.contract.runformat._json import JSON_ERRORS, dumps_line, loads
 from ecrl.contract.runformat._record import Record
 from ecrl.contract.runformat._safeio import (
     CHUNK_BYTES,
@@ -137,7 +137,7 @@ class JsonlWriter:
 
     def write_dict(self, fields: dict[str, Any]) -> None:
         """One record given as the dict its ``to_dict()`` returns (a hot path's shortcut)."""
-        self._log.append(dumps(fields) + b"\n")
+        self._log.write_line(dumps_line(fields))
 
     def close(self) -> None:
         self._log.close()

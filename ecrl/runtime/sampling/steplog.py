@@ -63,7 +63,7 @@ __all__ = ["StepLog"]
 
 def _as_id_list(sample_ids: Any) -> list[int]:
     """The IDs a batch carried (a tensor, possibly on a GPU, an array or a list) as Python ints."""
-    if type(sample_ids) is list and all(type(i) is int for i in sample_ids):
+    if type(sample_ids) is list and set(map(type, sample_ids)) <= _INT_ONLY:
         return sample_ids  # the integrations' own lists (numpy's conversion costs ~30 µs cold)
     if hasattr(sample_ids, "detach"):
         if sample_ids.dtype not in _torch_int_dtypes():
@@ -79,6 +79,9 @@ def _as_id_list(sample_ids: Any) -> list[int]:
         _not_integers(ids.dtype)
     return ids.reshape(-1).astype(np.int64, copy=False).tolist()
 
+
+_INT_ONLY = frozenset({int})
+"""The one item type of a list of IDs passed through as it is (``bool`` is not an ID)."""
 
 _TORCH_INT_DTYPES: frozenset[Any] = frozenset()
 
