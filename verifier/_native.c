@@ -261,7 +261,8 @@ static PyObject *prove_block(PyObject *self, PyObject *args)
             /* No piece holds the key: it is in the rest or nowhere. */
             const char *key = only_key(at, line_end);
             const char *list = key == NULL ? NULL : key + KEY_LEN;
-            marks[3 * i + 1] = list - text;
+            if (list != NULL)
+                marks[3 * i + 1] = list - text;
             for (Py_ssize_t j = 0; list != NULL && j < per; j++) {
                 const int64_t v = expected[i * per + j];
                 if (v < 0 || (j > 0 && !take_bytes(&list, line_end, ",", 1))
