@@ -174,10 +174,11 @@ def _first_logged(path: Path) -> int | None:
         return None
 
 
-def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.SIGKILL,
-             *, into_attempt: bool = False) -> Callable[[Path, int], bool]:
-    """Signal ``ranks`` ``delay`` s after rank 1 logged global step ``step`` (``into_attempt``:
-    the attempt's ``step``-th step, counted from its first, 0 being the first)."""
+def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[int, ...],
+                 sig: int, *, into_attempt: bool = False) -> Callable[[Path, int], bool]:
+    """Signal ``ranks`` ``delay`` s after ``ready(done, first)`` holds: ``done`` the last step
+    rank 1 logged, ``first`` the first step it logged in the attempt (``into_attempt``; else
+    0)."""
     pids: dict[int, int] = {}
     scanned = [0.0]
 
@@ -196,13 +197,21 @@ def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.
         log = RunPaths.of(root).rank_log(attempt, 1)
         done = logged_through(log)
         first = _first_logged(log) if into_attempt else 0
-        if done is None or first is None or done < first + step:
+        if done is None or first is None or not ready(done, first):
             return False
         time.sleep(delay)
         for r in ranks:
             os.kill(pids[r], sig)
         return True
     return action
+
+
+def _kill_at(step: int, delay: float, ranks: tuple[int, ...], sig: int = signal.SIGKILL,
+             *, into_attempt: bool = False) -> Callable[[Path, int], bool]:
+    """Signal ``ranks`` ``delay`` s after rank 1 logged global step ``step`` (``into_attempt``:
+    the attempt's ``step``-th step, counted from its first, 0 being the first)."""
+    return _signal_when(lambda done, first: done >= first + step, delay, ranks, sig,
+                        into_attempt=into_attempt)
 
 
 def _draws() -> int:
@@ -249,14 +258,24 @@ def test_jit_sigkill_of_rank_1_at_ten_random_moments(tmp_path: Path,
                   seed=99)
 
 
+HUNG_EVERY = 8
+"""The periodic checkpoints of the hung-rank run: after steps 7, 15, 23, …"""
+
+
+def _early_in_an_interval(done: int, first: int) -> bool:
+    """Rank 1 logged a step just after a periodic commit (steps 9-10, 17-18, …): stopped there,
+    or up to five steps later when the stop lands late, the newest complete step is not yet
+    committed, so the survivor has something to rescue. A stop drawn at a fixed step could land
+    after the next commit when the ranks were found late (steps are ~6 ms here); this waits for
+    the next such window instead."""
+    return done > HUNG_EVERY and done % HUNG_EVERY in (1, 2)
+
+
 def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
     root = directory / "run"
-    proc = _drive(root, [*JIT, "--ckpt-every", "4", "--hang-timeout-s", str(HANG_BOUND_S)],
-                  # Stopped once step 5 is logged: the newest complete step is 4, or 5 or 6
-                  # when the stop lands a step or two late, never a committed one (3, 7). Once
-                  # step 6 was logged it now and then landed after step 7's commit, and the
-                  # survivor rightly saved nothing ("step 7 is already committed").
-                  [_kill_at(5, 0.0, (1,), sig=signal.SIGSTOP),
+    proc = _drive(root, [*JIT, "--ckpt-every", str(HUNG_EVERY),
+                         "--hang-timeout-s", str(HANG_BOUND_S)],
+                  [_signal_when(_early_in_an_interval, 0.0, (1,), signal.SIGSTOP),
                    _kill_at(9, 0.005, (0, 1), into_attempt=True)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root, proc
@@ -264,9 +283,10 @@ def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.Complete
 
 @pytest.fixture(scope="session")
 def stopped_then_all_killed(runs: RunCache) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """One run (made once for the session) for two endings: rank 1 SIGSTOPped after step 5 of
-    attempt 0 (hung: the survivor's rescue), then in attempt 1 every rank SIGKILLed at once 9
-    steps into it (no survivor: the periodic checkpoints, every 4 steps, are all there is)."""
+    """One run (made once for the session) for two endings: rank 1 SIGSTOPped early in a
+    checkpoint interval of attempt 0 (hung: the survivor's rescue), then in attempt 1 every rank
+    SIGKILLed at once 9 steps into it (no survivor: the periodic checkpoints, every 8 steps, are
+    all there is)."""
     return shared(runs, "jit-hung-then-killed", _stopped_then_all_killed)
 
 
@@ -281,7 +301,7 @@ def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
     assert [a.status for a in state.attempts] == ["hung", "failed", "completed"]
     assert not (RunPaths.of(root).attempt_dir(1) / "jit.json").exists()
     resumed = state.attempts[2].resumed_from_step
-    assert resumed is not None and (resumed + 1) % 4 == 0  # a periodic checkpoint
+    assert resumed is not None and (resumed + 1) % HUNG_EVERY == 0  # a periodic checkpoint
     # of attempt 1 (not attempt 0's rescue, where attempt 1 began)
     began = state.attempts[1].resumed_from_step
     assert began is not None and resumed > began
@@ -290,7 +310,8 @@ def test_jit_every_rank_killed_at_once_falls_back_to_the_periodic_checkpoint(
     # A blocking commit writes its event after publishing (docs/strategies.md): a kill between
     # the two leaves attempt 1's last periodic checkpoint without its event, the supervisor's
     # resume point testifying for it instead.
-    assert resumed in taken or (resumed == max(taken) + 4 == state.attempts[1].last_step), (
+    assert resumed in taken or (
+        resumed == max(taken) + HUNG_EVERY == state.attempts[1].last_step), (
         resumed, taken)
     _same_as(root, jit_reference.root)
     assert _verify(root)["verdict"] == "PASS"
