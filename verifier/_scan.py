@@ -301,7 +301,6 @@ class RankLog:
                 pieces.append(bytes(out + (b'"' if name == "sample_ids_hash" else b"")))
                 out = bytearray(b'"' if name == "sample_ids_hash" else b"")
         pieces.append(bytes(out + b","))
-        assert not any(bytes(_IDS_KEY) in piece for piece in pieces)
         self._prefix_pieces = (pieces[0], pieces[1], pieces[2], pieces[3], pieces[4])
         return self._prefix_pieces
 

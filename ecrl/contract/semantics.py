@@ -70,6 +70,8 @@ __all__ = [
     "shard_block",
     "shard_hashes",
     "ids_hash",
+    "batch_ids_hash",
+    "int_ids_hash",
     "ids_hashes",
     "format_hash",
     "parse_hash",
@@ -370,9 +372,19 @@ def ids_hash(ids: npt.ArrayLike) -> int:
 
 
 SMALL_HASH = 96
-"""Up to this many IDs, :func:`int_ids_hash` beats :func:`ids_hash`: a step log hashes one rank's
-batch per step, right after the model's step, when the first numpy call costs about 80 µs (cold
-caches) and a Python loop over a few dozen integers a third of that."""
+"""Without the compiled kernel, up to this many IDs the Python loop of :func:`int_ids_hash` beats
+:func:`ids_hash`: a step log hashes one rank's batch per step, right after the model's step, when
+the first numpy call costs about 80 µs (cold caches) and a Python loop over a few dozen integers a
+third of that."""
+
+
+def batch_ids_hash(ids: list[int]) -> int:
+    """:func:`ids_hash` of one batch's IDs as a step log holds them (Python ints that fit int64),
+    the fastest way here: the compiled kernel at any length where it was built, else the Python
+    loop for a few dozen IDs and numpy beyond."""
+    if native is not None or len(ids) <= SMALL_HASH:
+        return int_ids_hash(ids)
+    return ids_hash(np.asarray(ids, dtype=np.int64))
 
 
 def int_ids_hash(ids: Sequence[int]) -> int:

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ecrl.contract import semantics as sem
@@ -102,3 +102,13 @@ def test_list_hash_leaves_other_items_to_the_python_loop() -> None:
     assert native is not None and native.list_hash([1, 2.0]) is None
     with pytest.raises(TypeError):
         sem.int_ids_hash([1, 2.5])
+
+
+@given(ids=st.lists(st.integers(0, 2**63 - 1), max_size=3 * sem.SMALL_HASH))
+@example(ids=list(range(sem.SMALL_HASH)))
+@example(ids=list(range(2**40, 2**40 + sem.SMALL_HASH + 1)))  # the longer lists' way
+def test_a_batchs_hash_is_the_same_at_every_length_and_both_ways(ids: list[int]) -> None:
+    """The step log's hash of a batch: the kernel at any length, else the Python loop up to
+    SMALL_HASH IDs and numpy beyond; all the multiset hash of the IDs."""
+    compiled, fallback = _both(lambda: sem.batch_ids_hash(ids))
+    assert compiled == fallback == (sem.ids_hash(np.array(ids, dtype=np.int64)) if ids else 0)

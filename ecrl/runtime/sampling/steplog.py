@@ -328,8 +328,7 @@ class StepLog:
             # with its block (hashing 30-odd IDs here would cost more than the rest of the call).
             digest = issued[1]
         else:
-            digest = semantics.int_ids_hash(ids) if len(ids) <= semantics.SMALL_HASH \
-                else semantics.ids_hash(np.asarray(ids, dtype=np.int64))
+            digest = semantics.batch_ids_hash(ids)
         if step < 0:
             raise SemanticsError(f"log.step({step}): global steps start at 0")
         if self.sampler is not None:
