@@ -1,9 +1,10 @@
-"""Shared test settings: hypothesis profiles, the gpu marker, and collection without the
-cyclic collector."""
+"""Shared test settings: hypothesis profiles, the gpu marker, collection without the cyclic
+collector, and loader workers shut down with the test that started them."""
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 from collections.abc import Iterator
 
@@ -41,6 +42,18 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
     with collection_paused():
         yield
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _loader_workers_end_with_their_test() -> Iterator[None]:
+    """A DataLoader iterator left with its workers running (a loop that breaks, a test that takes
+    a few batches) sits in a reference cycle, so only a later collection shuts it down, in
+    whichever test that lands: 5 s per worker that does not exit at once (torch's join timeout;
+    three such iterators stalled an unrelated test for 30 s). Collected here, at the end of the
+    test that made it, only when worker processes are alive."""
+    yield
+    if multiprocessing.active_children():
+        gc.collect()
 
 
 def _cuda_available() -> bool:
