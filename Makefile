@@ -9,7 +9,9 @@ STAMP  := $(VENV)/.ecrl-installed
 TORCH  := torch==2.14.1 torchvision==0.29.1
 # One worker more than the cores: about an eighth of the suite waits on the clock (polls, start-ups,
 # fsync, kills timed into a step), and the extra worker fills that time. On the 2-core machine,
-# from a clean clone: 3 workers 18 min 10 s, 2 workers (-n auto) 19 min 06 s.
+# from a clean clone: 3 workers 18 min 10 s, 2 workers (-n auto) 19 min 06 s (an earlier, slower
+# suite). With 3 workers the cores are now busy 96% of the suite's time (/proc/stat sampled every
+# 2 s, 2026-11-29): a fourth worker has almost nothing left to fill; only less CPU makes it faster.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 TYPECHECK := $(BIN)/python -m mypy
 
