@@ -4,8 +4,11 @@ on (what an uninterrupted run does), and the state loaded again must go on the s
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import pickle
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,6 +112,55 @@ def test_a_loader_with_persistent_workers_is_refused_at_the_save() -> None:
     iterator = iter(loader)
     next(iterator)
     with pytest.raises(pickle.PicklingError, match="persistent_workers=True"):
+        dumps({"iterator": iterator}, {})
+
+
+class _Keeping(DataLoader[Any]):
+    """A loader with an ``__iter__`` of its own that keeps its iterator, as
+    ``StatefulDataLoader`` does for its ``state_dict``."""
+
+    def __iter__(self) -> Any:
+        self.kept = super().__iter__()
+        return self.kept
+
+
+KEEPING_LOADERS: dict[str, Callable[[], Any]] = {
+    "persistent-workers": lambda: DataLoader(_Augmented(), batch_size=4, num_workers=2,
+                                             persistent_workers=True),
+    "own-iter-with-workers": lambda: _Keeping(_Augmented(), batch_size=4, num_workers=2),
+    "stateful-dataloader-with-workers": lambda: pytest.importorskip(
+        "torchdata.stateful_dataloader").StatefulDataLoader(_Augmented(), batch_size=4,
+                                                            num_workers=2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEEPING_LOADERS))
+def test_a_loader_that_keeps_its_iterator_is_freed_without_the_cyclic_collector(
+        kind: str) -> None:
+    """The observer once held every loader strongly, so a loader that keeps its iterator made a
+    cycle, and only the cyclic collector freed it: that closed the worker queues before torch's
+    shutdown ran, which then waited 5 s on each worker (and left a StatefulDataLoader's running).
+    Freed by reference counting, the iterator shuts its workers down at once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        others = set(multiprocessing.active_children())
+        loader = KEEPING_LOADERS[kind]()
+        iterator = iter(loader)
+        next(iterator)
+        freed = weakref.ref(iterator)
+        del iterator, loader
+        assert freed() is None
+        assert set(multiprocessing.active_children()) <= others
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_the_iterator_of_a_loader_the_program_dropped_is_refused_when_held_weakly() -> None:
+    iterator = iter(_Keeping(_DATA, batch_size=7))  # the loader is gone after this line
+    next(iterator)
+    with pytest.raises(pickle.PicklingError, match="no longer holds"):
         dumps({"iterator": iterator}, {})
 
 

@@ -14,7 +14,13 @@ each is saved as the recipe that gives the resumed program the same object at th
   drawn does not matter); with workers, or over an iterable dataset, the skipped batches are
   loaded and dropped, because the workers' random streams advance with every item they load.
   Persistent workers are refused: their iterator is reset each epoch and its workers' streams
-  carry over, which a fresh iterator cannot reproduce.
+  carry over, which a fresh iterator cannot reproduce. The observer holds the loader weakly when
+  the loader keeps its iterator (``loader._iterator``: torch's with persistent workers, and
+  loaders with an ``__iter__`` of their own, such as ``StatefulDataLoader``): a strong hold there
+  would close a reference cycle, and an iterator in a cycle is shut down by the cyclic collector,
+  which closes its queues first, so torch's shutdown waited 5 s on each worker and could leave
+  them running. Such an iterator saves while its loader is alive; one whose loader the program
+  dropped is refused at the save.
 * **SummaryWriters** are flushed at the save, and the size of every event file under their
   directory recorded. On resume the files are cut back to those sizes and event files that
   appeared after the checkpoint (written by the killed attempt) are removed, so no event is
@@ -35,6 +41,7 @@ import io
 import os
 import pickle
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,12 +88,31 @@ class _Origin:
     """Where an iterator came from: its loader and the random states its order was drawn
     from (at creation, and at the sampler's first draw once it has happened)."""
 
-    __slots__ = ("loader", "created", "first_draw")
+    __slots__ = ("_strong", "_weak", "created", "first_draw")
 
     def __init__(self, loader: Any, created: tuple[Any, Any]) -> None:
-        self.loader = loader
+        # Weakly where the loader keeps the iterator: a strong hold would close a cycle.
+        weak = _keeps_its_iterator(loader)
+        self._strong = None if weak else loader
+        self._weak = weakref.ref(loader) if weak else None
         self.created = created
         self.first_draw: tuple[Any, Any] | None = None
+
+    @property
+    def loader(self) -> Any:
+        """The loader, or None once a weakly held one is gone."""
+        return self._weak() if self._weak is not None else self._strong
+
+
+def _keeps_its_iterator(loader: Any) -> bool:
+    """Whether ``loader`` holds the iterators it makes (``loader._iterator``): torch's
+    ``DataLoader`` does with persistent workers; a loader with its own ``__iter__`` may at any
+    time (``StatefulDataLoader`` keeps every one, for its ``state_dict``)."""
+    base = sys.modules[_LOADER_MODULE].DataLoader
+    if getattr(type(loader), "__iter__", None) is not base.__iter__:
+        return True
+    return bool(getattr(loader, "persistent_workers", False)) \
+        and int(getattr(loader, "num_workers", 0)) > 0
 
 
 class _FirstDraw:
@@ -175,8 +201,13 @@ def _reduce_loader_iterator(iterator: Any) -> Any:
             "random streams carry over from epoch to epoch and cannot be re-created at this "
             "position; use persistent_workers=False, or create the iterator after the "
             "checkpoint")
-    return _loader_iterator, (origin.loader, origin.created, origin.first_draw,
-                              iterator._num_yielded)
+    loader = origin.loader
+    if loader is None:
+        raise pickle.PicklingError(
+            "it is the iterator of a DataLoader the program no longer holds (a loader that keeps "
+            "its iterator, such as StatefulDataLoader, is held only weakly by the runtime); keep "
+            "the loader in a variable while its iterator is used")
+    return _loader_iterator, (loader, origin.created, origin.first_draw, iterator._num_yielded)
 
 
 def _loader_iterator(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
