@@ -47,10 +47,11 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _loader_workers_end_with_their_test() -> Iterator[None]:
     """A DataLoader iterator left with its workers running (a loop that breaks, a test that takes
-    a few batches) sits in a reference cycle, so only a later collection shuts it down, in
-    whichever test that lands: 5 s per worker that does not exit at once (torch's join timeout;
-    three such iterators stalled an unrelated test for 30 s). Collected here, at the end of the
-    test that made it, only when worker processes are alive."""
+    a few batches) and caught in a reference cycle is shut down only by a later collection, in
+    whichever test that lands, and torch's shutdown from the cyclic collector can wait 5 s per
+    worker (three such iterators once stalled an unrelated test for 30 s; the cycle was the
+    transform runtime's, fixed there). Collected here, at the end of the test that made it, and
+    only when worker processes are alive, so such a stall shows in that test's own teardown."""
     yield
     if multiprocessing.active_children():
         gc.collect()
