@@ -164,6 +164,16 @@ def test_the_iterator_of_a_loader_the_program_dropped_is_refused_when_held_weakl
         dumps({"iterator": iterator}, {})
 
 
+def test_a_stateful_dataloaders_own_iterator_is_refused_in_one_line() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    loader = stateful.StatefulDataLoader(_DATA, batch_size=7)
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(pickle.PicklingError, match="torch's own DataLoader") as refused:
+        dumps({"iterator": iterator, "loader": loader}, {})
+    assert "\n" not in str(refused.value) and "torchdata.stateful_dataloader" in str(refused.value)
+
+
 class _FileLines(Dataset[str]):
     """Items read from a file when loaded (a data set on disk, not in the state)."""
 

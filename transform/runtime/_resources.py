@@ -55,6 +55,9 @@ __all__ = ["install", "reduce_resource"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
+_OTHER_LOADER_PACKAGES = ("torchdata.",)
+"""Packages whose iterators subclass torch's but keep state the runtime does not re-create
+(torchdata's ``StatefulDataLoader``): refused in one line instead of pickle's own error."""
 _EVENTS_PREFIX = "events.out.tfevents."
 _installed = False
 
@@ -72,9 +75,14 @@ def reduce_resource(obj: Any) -> Any:
     if isinstance(obj, io.IOBase):
         return _reduce_file(obj)
     module = type(obj).__module__
-    if module == _LOADER_MODULE:
+    if module == _LOADER_MODULE or module.startswith(_OTHER_LOADER_PACKAGES):
         base = sys.modules[_LOADER_MODULE]._BaseDataLoaderIter
         if isinstance(obj, base):
+            if module != _LOADER_MODULE:
+                raise pickle.PicklingError(
+                    f"it is a data-loader iterator from {module}, which the runtime does not "
+                    "re-create at its position; an iterator kept across a checkpoint must come "
+                    "from torch's own DataLoader")
             return _reduce_loader_iterator(obj)
     elif module == _WRITER_MODULE and type(obj).__name__ == "SummaryWriter":
         return _reduce_summary_writer(obj)
