@@ -212,9 +212,9 @@ def _reduce_loader_iterator(iterator: Any) -> Any:
     loader = origin.loader
     if loader is None:
         raise pickle.PicklingError(
-            "it is the iterator of a DataLoader the program no longer holds (a loader that keeps "
-            "its iterator, such as StatefulDataLoader, is held only weakly by the runtime); keep "
-            "the loader in a variable while its iterator is used")
+            "it is the iterator of a DataLoader the program no longer holds (a loader with an "
+            "__iter__ of its own may keep its iterator, so the runtime holds it only weakly); "
+            "keep the loader in a variable while its iterator is used")
     return _loader_iterator, (loader, origin.created, origin.first_draw, iterator._num_yielded)
 
 
