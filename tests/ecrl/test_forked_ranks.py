@@ -1,11 +1,11 @@
 """Ranks of ``ecrl run`` forked from torchrun's agent (``ecrl.runtime.trainer.agent``): the rank
 entry behaves as the new interpreter it replaces, and a rank is found by its name and the
-agent's environment (its ``/proc`` command line and environment are the agent's)."""
+torchrun log it writes to (its ``/proc`` command line and environment are the agent's, or the
+supervisor's when the agent is forked from it)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -153,34 +153,44 @@ def test_the_agent_forks_after_imports_that_start_no_device_and_no_thread() -> N
 
 SLEEPER = """
 import sys, time
-from ecrl.contract.runformat import RunPaths
 from ecrl.runtime._proc import name_process
-from ecrl.runtime.settings import SupervisorSettings
 assert name_process(sys.argv[1])
-print("named", flush=True)
+print("named", file=sys.stderr, flush=True)
 time.sleep(60)
 """
 
 
-def _named(name: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, name], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, **env})
-    assert proc.stdout is not None and proc.stdout.readline() == "named\n"
+def _named(name: str, output: Path) -> subprocess.Popen[str]:
+    """A process named ``name`` whose standard output is ``output`` (a rank's is its agent's
+    torchrun log, inherited)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-c", SLEEPER, name], stdout=log,
+                                stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and proc.stderr.readline() == "named\n"
     return proc
 
 
-def test_ranks_are_found_by_name_and_the_agents_environment(tmp_path: Path) -> None:
+def test_ranks_are_found_by_name_and_the_torchrun_log_they_write_to(tmp_path: Path) -> None:
     root, other = tmp_path / "run", tmp_path / "other"
-    go = root / STANDBY_DIR / "attempt-004.go"
+    paths = RunPaths.of(root)
+    standby_log = root / STANDBY_DIR / "attempt-004.torchrun.log"
+    moved = root / STANDBY_DIR / "attempt-006.torchrun.log"
     procs = {
-        (2, 1): _named("ecrl rank 1", {"ECRL_RUN_DIR": str(root), "ECRL_ATTEMPT": "2"}),
-        (4, 0): _named("ecrl rank 0", {"ECRL_STANDBY_GO": str(go)}),
-        "other run": _named("ecrl rank 0", {"ECRL_RUN_DIR": str(other), "ECRL_ATTEMPT": "2"}),
-        "not a rank": _named("python", {"ECRL_RUN_DIR": str(root), "ECRL_ATTEMPT": "5"}),
+        (2, 1): _named("ecrl rank 1", paths.attempt_dir(2) / "torchrun.log"),
+        (3, 0): _named("ecrl rank 0", paths.attempt_dir(3) / "torchrun-node-1.log"),
+        (4, 0): _named("ecrl rank 0", standby_log),
+        (6, 1): _named("ecrl rank 1", moved),
+        "other run": _named("ecrl rank 0", RunPaths.of(other).attempt_dir(2) / "torchrun.log"),
+        "not a rank": _named("python", paths.attempt_dir(5) / "torchrun.log"),
+        "not a log": _named("ecrl rank 0", paths.attempt_dir(5) / "rank-000.jsonl"),
     }
+    # A standby used: its log moves into the attempt's folder, the rank's output with it.
+    paths.attempt_dir(6).mkdir(parents=True)
+    moved.rename(paths.attempt_dir(6) / "torchrun.log")
     try:
         found = rank_pids(root)
-        assert found == {(2, 1): procs[(2, 1)].pid, (4, 0): procs[(4, 0)].pid}
+        assert found == {key: procs[key].pid for key in ((2, 1), (3, 0), (4, 0), (6, 1))}
         assert rank_pids(other) == {(2, 0): procs["other run"].pid}
     finally:
         for proc in procs.values():

@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ecrl.contract.runformat import LatestPointer, RunPaths
-from ecrl.runtime._proc import signal_on_parent_death
-from ecrl.runtime.launchenv import GO_VARIABLE, AttemptEnv
+from ecrl.runtime._proc import ChildProcess, signal_on_parent_death
+from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
 from ecrl.runtime.supervision.standby import STANDBY_DIR
-from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun
+from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun, start_agent
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
            "rank_pids", "start_torchrun"]
@@ -85,8 +85,13 @@ def _torchrun_preexec() -> None:
 
 
 def start_torchrun(command: Sequence[str], env: Mapping[str, str],
-                   log_path: Path) -> subprocess.Popen[bytes]:
-    """Start torchrun with its output appended to ``log_path``."""
+                   log_path: Path) -> ChildProcess:
+    """Start torchrun with its output appended to ``log_path``: the built-in trainer's agent
+    as a fork of this process where it can (:func:`ecrl.runtime.trainer.agent.start_agent`),
+    else as a new process."""
+    forked = start_agent(command, env, log_path)
+    if forked is not None:
+        return forked
     with open(log_path, "ab") as log:
         # A session of its own keeps the terminal's Ctrl-C away from torchrun (the supervisor
         # decides how to stop it); the parent-death signal stops it if we are killed outright.
@@ -95,7 +100,8 @@ def start_torchrun(command: Sequence[str], env: Mapping[str, str],
                                 start_new_session=True, preexec_fn=_torchrun_preexec)
 
 
-_STANDBY_GO = re.compile(r"attempt-(\d+)\.go")
+_STANDBY_LOG = re.compile(r"attempt-(\d+)\.torchrun\.log")
+_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 _RANK_PREFIX = RANK_NAME.format("")
 
 
@@ -104,10 +110,14 @@ def rank_pids(root: Path) -> dict[tuple[int, int], int]:
     this host (Linux ``/proc``; elsewhere none), a standby's waiting ranks included.
 
     A rank is forked from its attempt's agent without ``exec`` (:mod:`ecrl.runtime.trainer.agent`),
-    so ``/proc`` shows the agent's command line and initial environment for it: the rank is known
-    by its name, and its run and attempt by that environment (the attempt's variables, or a
-    standby's go file)."""
+    and the agent may itself be a fork of the supervisor, so ``/proc`` shows the command line and
+    initial environment of whichever process last started an interpreter. The rank is known by
+    its name, and its run and attempt by its standard output, the agent's torchrun log that it
+    inherits: ``RUN/logs/attempt-N/torchrun*.log``, or a standby's ``RUN/.standby/attempt-N.
+    torchrun.log`` (a standby's log, moved into the attempt's folder when the standby is used,
+    is found under its new name)."""
     found: dict[tuple[int, int], int] = {}
+    root = root.resolve()
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -116,23 +126,23 @@ def rank_pids(root: Path) -> dict[tuple[int, int], int]:
                 name = Path(entry.path, "comm").read_text().rstrip("\n")
                 if not name.startswith(_RANK_PREFIX):
                     continue
-                raw = Path(entry.path, "environ").read_bytes()
+                output = Path(os.readlink(Path(entry.path, "fd", "1")))
             except OSError:
                 continue  # gone, or not ours to read
-            env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                       if "=" in item)
-            attempt = _attempt_of(env, root)
+            attempt = _attempt_of(output, root)
             rank = name.removeprefix(_RANK_PREFIX)
             if attempt is not None and rank.isdigit():
                 found[(attempt, int(rank))] = int(entry.name)
     return found
 
 
-def _attempt_of(env: Mapping[str, str], root: Path) -> int | None:
-    if env.get("ECRL_RUN_DIR") == str(root) and env.get("ECRL_ATTEMPT", "").isdigit():
-        return int(env["ECRL_ATTEMPT"])
-    go = Path(env.get(GO_VARIABLE, "/"))
-    match = _STANDBY_GO.fullmatch(go.name)
-    if match is not None and go.parent == root / STANDBY_DIR:
-        return int(match.group(1))
-    return None
+def _attempt_of(output: Path, root: Path) -> int | None:
+    """The attempt whose torchrun log ``output`` is, in the run ``root``; None if it is not."""
+    if output.parent.parent == RunPaths.of(root).logs and output.name.startswith("torchrun") \
+            and output.name.endswith(".log"):
+        match = _ATTEMPT_DIR.fullmatch(output.parent.name)
+    elif output.parent == root / STANDBY_DIR:
+        match = _STANDBY_LOG.fullmatch(output.name)
+    else:
+        return None
+    return None if match is None else int(match.group(1))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ecrl.contract.atomicio import atomic_write_text
+from ecrl.runtime._proc import ChildProcess
 from ecrl.runtime.launchenv import GO_VARIABLE
 
 __all__ = ["GO_VARIABLE", "STANDBY_DIR", "Standby"]
@@ -48,7 +49,7 @@ _STOP_GRACE_S = 10.0
 class _Waiting:
     attempt: int
     world: int
-    proc: subprocess.Popen[bytes]
+    proc: ChildProcess
     go: Path
     log: Path
 
@@ -61,7 +62,7 @@ class Standby:
     :data:`GO_VARIABLE`) instead of the attempt's."""
 
     def __init__(self, run_root: Path,
-                 launch: Callable[[int, int, Mapping[str, str], Path], subprocess.Popen[bytes]],
+                 launch: Callable[[int, int, Mapping[str, str], Path], ChildProcess],
                  ) -> None:
         self.folder = run_root / STANDBY_DIR
         self._launch = launch
@@ -79,7 +80,7 @@ class Standby:
         self._waiting = _Waiting(attempt=attempt, world=world, proc=proc, go=go, log=log)
 
     def take(self, attempt: int, world: int, environ: Mapping[str, str],
-             log_destination: Path) -> subprocess.Popen[bytes] | None:
+             log_destination: Path) -> ChildProcess | None:
         """Hand attempt ``attempt`` to the waiting torchrun if it fits (same attempt and world
         size, still alive): its log moves to ``log_destination``, the go file is written, and
         its process is returned. None (and the standby stopped) otherwise."""
@@ -102,7 +103,7 @@ class Standby:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+def _stop_process_group(proc: ChildProcess) -> None:
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -14,8 +14,9 @@ The supervisor prints nothing: it reports :mod:`.events` to its :class:`.events.
 (``ecrl run`` passes the console of :mod:`ecrl.apps.console`).
 
 ``supervisor.json`` is rewritten atomically after every change (:mod:`.rundir`). The supervisor
-never edits a checkpoint. It does not import torch unless the data set must be read to learn its
-size.
+never edits a checkpoint. Until its first attempt it does not import torch (unless the data set
+must be read to learn its size); under ``ecrl run`` it then imports torch and the trainer once and
+forks every attempt's agent from itself (:func:`ecrl.runtime.trainer.agent.start_agent`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ecrl.contract.runformat import (
     read_json_record,
 )
 from ecrl.runtime._attempt import set_aside, set_aside_strays
+from ecrl.runtime._proc import ChildProcess
 from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE, resolve_deadline
 from ecrl.runtime.checkpoint.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.endings import read_ending
@@ -276,7 +278,7 @@ class Supervisor:
         return self.paths.attempt_dir(attempt) / TORCHRUN_LOG
 
     def _start_torchrun(self, attempt: int, world: int, variables: Mapping[str, str],
-                        log_path: Path) -> subprocess.Popen[bytes]:
+                        log_path: Path) -> ChildProcess:
         env = command.environment(self.config.trainer, world // self.config.nnodes, variables)
         return command.start_torchrun(self._command(attempt, world), env, log_path)
 

@@ -13,7 +13,9 @@ The worker behaves as the new interpreter it replaces would:
   torch's worker wrapper would instead send the traceback to the agent's log without the prefix,
   and end a ``KeyboardInterrupt`` as a success;
 - **its name**: ``ecrl rank N`` in ``ps`` and ``/proc/PID/comm`` — its command line and initial
-  environment in ``/proc`` are the agent's (:func:`ecrl.runtime.supervision.command.rank_pids`).
+  environment in ``/proc`` are those of the last process that started an interpreter (the agent,
+  or the supervisor the agent is forked from): :func:`ecrl.runtime.supervision.command.rank_pids`
+  finds a rank by its name and its output, the attempt's torchrun log.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any
 
-from ecrl.runtime._proc import NAME_BYTES, name_process
+from ecrl.runtime._proc import NAME_BYTES, name_process, restore_started_signals
 from ecrl.runtime.trainer.agent import RANK_NAME
 from ecrl.runtime.trainer.trainer import main
 
@@ -32,20 +33,10 @@ _AGENT_HANDLES = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 _AGENT_DEFAULT = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
-def _as_started(signum: signal.Signals) -> Any:
-    """The disposition a new interpreter gives ``signum``."""
-    if signum == signal.SIGINT:
-        return signal.default_int_handler
-    if signum in (signal.SIGPIPE, signal.SIGXFSZ):
-        return signal.SIG_IGN
-    return signal.SIG_DFL
-
-
 def run() -> None:
-    for name in os.environ.get(_AGENT_HANDLES, _AGENT_DEFAULT).split(","):
-        signum = getattr(signal, name.strip(), None)
-        if isinstance(signum, signal.Signals) and signum not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(signum, _as_started(signum))
+    handled = (getattr(signal, name.strip(), None)
+               for name in os.environ.get(_AGENT_HANDLES, _AGENT_DEFAULT).split(","))
+    restore_started_signals(s for s in handled if isinstance(s, signal.Signals))
     name_process(RANK_NAME.format(os.environ.get("RANK", "?"))[:NAME_BYTES])
     try:
         code = main()
