@@ -121,6 +121,13 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def kill_process_group(leader: int) -> None:
+    """SIGKILL what is left of the process group ``leader`` led (a child started in a session
+    of its own), if anything."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signal.SIGKILL)
+
+
 ChildProcess: TypeAlias = "subprocess.Popen[bytes] | ForkedProcess"
 """A started child: a new interpreter, or a fork of this one (:func:`fork_process`)."""
 

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
+from ecrl.contract.gcpause import collection_paused
 from ecrl.contract.runformat import LatestPointer, RunPaths
-from ecrl.runtime._proc import ChildProcess, signal_on_parent_death
+from ecrl.runtime._proc import (
+    ChildProcess,
+    ForkedProcess,
+    can_fork_safely,
+    fork_process,
+    name_process,
+    signal_on_parent_death,
+)
 from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
 from ecrl.runtime.supervision.standby import STANDBY_DIR
-from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun, start_agent
+from ecrl.runtime.trainer import agent
+from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
            "rank_pids", "start_torchrun"]
@@ -25,6 +36,9 @@ __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "enviro
 TORCHRUN_LOG = "torchrun.log"
 TRAINER = ("-m", "ecrl.runtime.trainer")
 """What ``ecrl run`` has torchrun run on every rank."""
+TORCHRUN_MODULE = "torch.distributed.run"
+AGENT_NAME = "ecrl agent"
+"""A forked agent's process name (``ps``, ``/proc/PID/comm``)."""
 
 
 def torchrun_command(settings: SupervisorSettings, paths: RunPaths, attempt: int, world: int,
@@ -48,7 +62,7 @@ def torchrun_command(settings: SupervisorSettings, paths: RunPaths, attempt: int
                "--monitor-interval", "0.1"]
     if tuple(program) == TRAINER:
         return forked_torchrun(launch)  # the trainer imported once, its ranks forked from it
-    return [sys.executable, "-m", "torch.distributed.run", *launch, *program]
+    return [sys.executable, "-m", TORCHRUN_MODULE, *launch, *program]
 
 
 def attempt_env(config: RunConfig, paths: RunPaths, attempt: int, pointer: LatestPointer | None,
@@ -84,12 +98,56 @@ def _torchrun_preexec() -> None:
     signal_on_parent_death(signal.SIGTERM)
 
 
+def _torchrun_alone() -> Callable[..., None]:
+    """Import torchrun (then freeze what the import made); its ``main``."""
+    with collection_paused():
+        import torch.distributed.run as torchrun
+    gc.freeze()
+    return cast(Callable[..., None], torchrun.main)
+
+
+_PRELOADS: dict[str, Callable[[], Callable[..., None]]] = {
+    agent.AGENT_MODULE: agent.preload,  # ecrl run: torchrun and the trainer its ranks fork from
+    TORCHRUN_MODULE: _torchrun_alone,  # ecrl launch: torchrun, whose ranks start the script
+}
+_preloaded: dict[str, Callable[..., None]] = {}
+"""torchrun's ``main`` per agent module, once this process imported it."""
+
+
+def _start_forked(command: Sequence[str], env: Mapping[str, str],
+                  log_path: Path) -> ForkedProcess | None:
+    """Start the agent ``command`` (``python -m MODULE ARGS``, MODULE torchrun or the trainer's
+    agent, with ``--standalone``) as a fork of this process, the agent's imports made here the
+    first time; None when it is another command or this process cannot fork safely."""
+    if len(command) < 3 or list(command[:2]) != [sys.executable, "-m"] \
+            or command[2] not in _PRELOADS or not can_fork_safely():
+        return None
+    if "--standalone" not in command:
+        # Only with a private rendezvous. A forked agent starts within milliseconds, and on
+        # several nodes it can reach the rendezvous store of the previous attempt while that
+        # store's host, another node's old agent, is still exiting: seen with two nodes on one
+        # machine, the new agent dropped and the nodes' attempt numbers parted for good.
+        return None
+    module = command[2]
+    if module not in _preloaded:
+        _preloaded[module] = _PRELOADS[module]()
+        if not can_fork_safely():  # the imports started a thread: never seen, but not forked
+            return None
+    torchrun_main, args = _preloaded[module], list(command[3:])
+
+    def run_agent() -> None:
+        name_process(AGENT_NAME)
+        torchrun_main(args)
+
+    return fork_process(run_agent, env=env, output=log_path)
+
+
 def start_torchrun(command: Sequence[str], env: Mapping[str, str],
                    log_path: Path) -> ChildProcess:
-    """Start torchrun with its output appended to ``log_path``: the built-in trainer's agent
-    as a fork of this process where it can (:func:`ecrl.runtime.trainer.agent.start_agent`),
-    else as a new process."""
-    forked = start_agent(command, env, log_path)
+    """Start torchrun with its output appended to ``log_path``: as a fork of this process, its
+    imports made once per process, where it can (every attempt's agent of a run then starts
+    without an interpreter's start-up or ``import torch``), else as a new process."""
+    forked = _start_forked(command, env, log_path)
     if forked is not None:
         return forked
     with open(log_path, "ab") as log:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ecrl.contract.atomicio import atomic_write_text
-from ecrl.runtime._proc import ChildProcess
+from ecrl.runtime._proc import ChildProcess, kill_process_group
 from ecrl.runtime.launchenv import GO_VARIABLE
 
 __all__ = ["GO_VARIABLE", "STANDBY_DIR", "Standby"]
@@ -111,7 +111,6 @@ def _stop_process_group(proc: ChildProcess) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_STOP_GRACE_S)
     # Ranks that outlived torchrun (or a torchrun that ignored SIGTERM): its session goes.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_process_group(proc.pid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_STOP_GRACE_S)

@@ -15,8 +15,8 @@ The supervisor prints nothing: it reports :mod:`.events` to its :class:`.events.
 
 ``supervisor.json`` is rewritten atomically after every change (:mod:`.rundir`). The supervisor
 never edits a checkpoint. Until its first attempt it does not import torch (unless the data set
-must be read to learn its size); under ``ecrl run`` it then imports torch and the trainer once and
-forks every attempt's agent from itself (:func:`ecrl.runtime.trainer.agent.start_agent`).
+must be read to learn its size); then it imports torchrun (``ecrl run``: and the trainer) once and
+forks every attempt's agent from itself (:func:`.command.start_torchrun`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ecrl.contract.runformat import (
     read_json_record,
 )
 from ecrl.runtime._attempt import set_aside, set_aside_strays
-from ecrl.runtime._proc import ChildProcess
+from ecrl.runtime._proc import ChildProcess, kill_process_group
 from ecrl.runtime.checkpoint.deadline import DEADLINE_EXIT_CODE, resolve_deadline
 from ecrl.runtime.checkpoint.persist import CrashHook, ResumeChoice, choose_resume, read_latest
 from ecrl.runtime.endings import read_ending
@@ -317,6 +317,9 @@ class Supervisor:
             if progress is not None:
                 self._report(progress)
             if code is not None:
+                # What outlived the attempt's torchrun in its session (a killed rank's data
+                # loader workers wait up to 5 s to notice) ends with it, not beside the next.
+                kill_process_group(proc.pid)
                 return code
             if self._hung_killed is None and survivors_done(paths, attempt):
                 self._hung_killed = kill_remaining_workers(proc.pid)

@@ -15,30 +15,23 @@ Nothing a rank must own is made before the fork: the imports initialise no devic
 the rank), open no file of the run, start no thread, and every rank seeds its generators from
 ``(seed, rank, step)`` itself (the RNG policy); Python's ``random`` is reseeded by every fork.
 
-Run as ``python -m ecrl.runtime.trainer.agent TORCHRUN_ARGS`` (:func:`forked_torchrun`), or, in a
-supervisor that may fork (one thread, Linux), as a fork of the supervisor itself
-(:func:`start_agent`): the supervisor then makes those imports once for the whole run, before its
-first attempt, and every attempt's agent (a standby's included) starts with them done. A
-relaunch then costs no ``import torch`` at all: about 2 s of CPU per restart on the 2-core test
-machine, a third of a short attempt's.
+Run as ``python -m ecrl.runtime.trainer.agent TORCHRUN_ARGS`` (:func:`forked_torchrun`), or, where
+the supervisor may fork, as a fork of the supervisor itself, which then calls :func:`preload` once
+for the whole run (:func:`ecrl.runtime.supervision.command.start_torchrun`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
 from ecrl.contract.gcpause import collection_paused
-from ecrl.runtime._proc import ForkedProcess, can_fork_safely, fork_process, name_process
 
-__all__ = ["AGENT_MODULE", "AGENT_NAME", "RANK_ENTRY", "RANK_NAME", "forked_torchrun",
-           "preload", "start_agent"]
+__all__ = ["AGENT_MODULE", "RANK_ENTRY", "RANK_NAME", "forked_torchrun", "preload"]
 
 AGENT_MODULE = "ecrl.runtime.trainer.agent"
-AGENT_NAME = "ecrl agent"
-"""A forked agent's process name (``ps``, ``/proc/PID/comm``)."""
 
 RANK_ENTRY = str(Path(__file__).with_name("rank_entry.py"))
 """The script each forked worker runs (torchrun's ``--run-path``)."""
@@ -62,32 +55,6 @@ def preload() -> Callable[..., None]:
         import torch.distributed.run as torchrun
     load()  # the trainer's imports, then everything imported so far frozen (torchrun's too)
     return cast(Callable[..., None], torchrun.main)
-
-
-_loaded: Callable[..., None] | None = None
-"""torchrun's ``main``, once :func:`start_agent` has preloaded in this process."""
-
-
-def start_agent(command: Sequence[str], env: Mapping[str, str],
-                output: Path) -> ForkedProcess | None:
-    """Start the agent ``command`` (a :func:`forked_torchrun` command line) as a fork of this
-    process, with the imports made here once (the first call makes them), its environment
-    ``env`` and its output appended to ``output``. None when ``command`` is not the agent's or
-    this process cannot fork safely (then it is started as a new interpreter)."""
-    global _loaded
-    if list(command[:3]) != [sys.executable, "-m", AGENT_MODULE] or not can_fork_safely():
-        return None
-    if _loaded is None:
-        _loaded = preload()
-        if not can_fork_safely():  # the imports started a thread: never seen, but not forked
-            return None
-    torchrun_main, args = _loaded, list(command[3:])
-
-    def agent() -> None:
-        name_process(AGENT_NAME)
-        torchrun_main(args)
-
-    return fork_process(agent, env=env, output=output)
 
 
 def main() -> None:
