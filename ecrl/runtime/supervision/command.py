@@ -27,8 +27,7 @@ from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
 from ecrl.runtime.supervision.standby import STANDBY_DIR
-from ecrl.runtime.trainer import agent
-from ecrl.runtime.trainer.agent import RANK_NAME, forked_torchrun
+from ecrl.runtime.trainer.agent import AGENT_MODULE, RANK_NAME, forked_torchrun, preload
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
            "rank_pids", "start_torchrun"]
@@ -107,7 +106,7 @@ def _torchrun_alone() -> Callable[..., None]:
 
 
 _PRELOADS: dict[str, Callable[[], Callable[..., None]]] = {
-    agent.AGENT_MODULE: agent.preload,  # ecrl run: torchrun and the trainer its ranks fork from
+    AGENT_MODULE: preload,  # ecrl run: torchrun and the trainer its ranks fork from
     TORCHRUN_MODULE: _torchrun_alone,  # ecrl launch: torchrun, whose ranks start the script
 }
 _preloaded: dict[str, Callable[..., None]] = {}
