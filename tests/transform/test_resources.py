@@ -63,6 +63,13 @@ def _own_generator() -> DataLoader[Any]:
     return DataLoader(_DATA, batch_size=7, shuffle=True, generator=generator)
 
 
+def _stateful(*args: Any, **kwargs: Any) -> DataLoader[Any]:
+    """torchdata's StatefulDataLoader (a pinned test dependency)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader(*args, **kwargs)
+
+
 LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
     "shuffled": lambda: DataLoader(_DATA, batch_size=7, shuffle=True),
     "infinite-with-replacement": lambda: DataLoader(
@@ -72,6 +79,9 @@ LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
     "workers-drawing-random-numbers": lambda: DataLoader(_Augmented(), batch_size=4,
                                                          shuffle=True, num_workers=2),
     "iterable-dataset": lambda: DataLoader(_Stream(), batch_size=4),
+    "stateful-dataloader-shuffled": lambda: _stateful(_DATA, batch_size=7, shuffle=True),
+    "stateful-dataloader-workers-drawing-random-numbers": lambda: _stateful(
+        _Augmented(), batch_size=4, shuffle=True, num_workers=2),
 }
 
 
@@ -164,14 +174,82 @@ def test_the_iterator_of_a_loader_the_program_dropped_is_refused_when_held_weakl
         dumps({"iterator": iterator}, {})
 
 
-def test_a_stateful_dataloaders_own_iterator_is_refused_in_one_line() -> None:
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    loader = stateful.StatefulDataLoader(_DATA, batch_size=7)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_dataloader_resumed_by_the_runtime_still_gives_its_own_state(
+        workers: int) -> None:
+    """The program's own use of the loader goes on after the resume: the loader keeps the
+    re-created iterator, and its ``state_dict`` resumes a new loader where that iterator is."""
+    torch.manual_seed(0)
+    loader = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
     iterator = iter(loader)
+    _batches(iterator, 3)
+    back = _save({"loader": loader, "iterator": iterator})()
+    assert back["loader"]._iterator is back["iterator"]
+    _batches(back["iterator"], 2)
+    state = back["loader"].state_dict()
+    expected = _batches(back["iterator"], 4)
+    torch.manual_seed(99)  # the new loader's order must come from the state alone
+    fresh = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
+    fresh.load_state_dict(state)
+    got = _batches(iter(fresh), 4)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_a_stateful_dataloader_keeps_the_iterator_it_kept_when_the_program_holds_two() -> None:
+    loader = _stateful(_DATA, batch_size=7, shuffle=True)
+    older = iter(loader)
+    _batches(older, 2)
+    newer = iter(loader)  # the loader now keeps this one
+    next(newer)
+    # The older one is re-created after the newer: the loader must not keep it.
+    back = _save({"loader": loader, "newer": newer, "older": older})()
+    assert back["loader"]._iterator is back["newer"]
+    assert back["older"]._num_yielded == 2 and back["newer"]._num_yielded == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_observer_leaves_a_stateful_dataloaders_own_resume_exact(workers: int) -> None:
+    """The runtime wraps each iterator's sampler iterator to see its first draw; the wrapper once
+    hid a stateful sampler's ``state_dict`` from StatefulDataLoader, whose own resume then drew a
+    new order (a program's own checkpointing, silently wrong under the transform)."""
+    torch.manual_seed(0)
+    loader = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
+    iterator = iter(loader)
+    _batches(iterator, 3)
+    state = loader.state_dict()
+    expected = _batches(iterator, 5)
+    torch.manual_seed(123)
+    again = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
+    again.load_state_dict(state)
+    got = _batches(iter(again), 5)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_an_iterator_of_a_stateful_dataloader_the_program_resumed_itself_is_refused() -> None:
+    loader = _stateful(_DATA, batch_size=7, shuffle=True)
+    first = iter(loader)
+    _batches(first, 2)
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    resumed = iter(loader)
+    next(resumed)
+    with pytest.raises(pickle.PicklingError, match="resumed from a state_dict") as refused:
+        dumps({"iterator": resumed, "loader": loader}, {})
+    assert "\n" not in str(refused.value)
+
+
+def test_another_packages_iterator_is_refused_in_one_line() -> None:
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    class _Elsewhere(_SingleProcessDataLoaderIter):
+        __module__ = "torchdata.nodes.loader"
+
+    loader = DataLoader(_DATA, batch_size=7)
+    iterator = _Elsewhere(loader)
     next(iterator)
-    with pytest.raises(pickle.PicklingError, match="torch's own DataLoader") as refused:
+    with pytest.raises(pickle.PicklingError, match="torch's DataLoader or torchdata's") as refused:
         dumps({"iterator": iterator, "loader": loader}, {})
-    assert "\n" not in str(refused.value) and "torchdata.stateful_dataloader" in str(refused.value)
+    assert "\n" not in str(refused.value) and "torchdata.nodes.loader" in str(refused.value)
 
 
 class _FileLines(Dataset[str]):

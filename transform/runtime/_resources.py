@@ -20,7 +20,9 @@ each is saved as the recipe that gives the resumed program the same object at th
   would close a reference cycle, and an iterator in a cycle is shut down by the cyclic collector,
   which closes its queues first, so torch's shutdown waited 5 s on each worker and could leave
   them running. Such an iterator saves while its loader is alive; one whose loader the program
-  dropped is refused at the save.
+  dropped is refused at the save. torchdata's ``StatefulDataLoader`` is saved without the
+  iterator it keeps (that one, saved as its re-creation, needs the loader whole first) and keeps
+  the re-created one again, so its own ``state_dict`` goes on as in an uninterrupted run.
 * **SummaryWriters** are flushed at the save, and the size of every event file under their
   directory recorded. On resume the files are cut back to those sizes and event files that
   appeared after the checkpoint (written by the killed attempt) are removed, so no event is
@@ -55,9 +57,12 @@ __all__ = ["install", "reduce_resource"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
+_STATEFUL_LOADER_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"
+"""torchdata's ``StatefulDataLoader``, whose iterators subclass torch's and are re-created the
+same way; the loader keeps its current iterator, which its own pickled form leaves out."""
 _OTHER_LOADER_PACKAGES = ("torchdata.",)
-"""Packages whose iterators subclass torch's but keep state the runtime does not re-create
-(torchdata's ``StatefulDataLoader``): refused in one line instead of pickle's own error."""
+"""Packages whose other iterators subclass torch's but keep state the runtime does not
+re-create: refused in one line instead of pickle's own error."""
 _EVENTS_PREFIX = "events.out.tfevents."
 _installed = False
 
@@ -76,14 +81,16 @@ def reduce_resource(obj: Any) -> Any:
         return _reduce_file(obj)
     module = type(obj).__module__
     if module == _LOADER_MODULE or module.startswith(_OTHER_LOADER_PACKAGES):
-        base = sys.modules[_LOADER_MODULE]._BaseDataLoaderIter
-        if isinstance(obj, base):
-            if module != _LOADER_MODULE:
+        torch_data = sys.modules[_LOADER_MODULE]
+        if isinstance(obj, torch_data._BaseDataLoaderIter):
+            if module not in (_LOADER_MODULE, _STATEFUL_LOADER_MODULE):
                 raise pickle.PicklingError(
                     f"it is a data-loader iterator from {module}, which the runtime does not "
                     "re-create at its position; an iterator kept across a checkpoint must come "
-                    "from torch's own DataLoader")
+                    "from torch's DataLoader or torchdata's StatefulDataLoader")
             return _reduce_loader_iterator(obj)
+        if module == _STATEFUL_LOADER_MODULE and isinstance(obj, torch_data.DataLoader):
+            return _reduce_stateful_loader(obj)
     elif module == _WRITER_MODULE and type(obj).__name__ == "SummaryWriter":
         return _reduce_summary_writer(obj)
     return NotImplemented
@@ -96,9 +103,12 @@ class _Origin:
     """Where an iterator came from: its loader and the random states its order was drawn
     from (at creation, and at the sampler's first draw once it has happened)."""
 
-    __slots__ = ("_strong", "_weak", "created", "first_draw")
+    __slots__ = ("_strong", "_weak", "created", "first_draw", "from_loaded_state")
 
     def __init__(self, loader: Any, created: tuple[Any, Any]) -> None:
+        # A StatefulDataLoader's iterator made from a state the program loaded into it starts
+        # where that state says, not at the loader's start.
+        self.from_loaded_state = getattr(loader, "next_iter_state", None) is not None
         # Weakly where the loader keeps the iterator: a strong hold would close a cycle.
         weak = _keeps_its_iterator(loader)
         self._strong = None if weak else loader
@@ -140,6 +150,14 @@ class _FirstDraw:
         if self.origin.first_draw is None:
             self.origin.first_draw = _random_states(self.origin.loader)
         return next(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else is the wrapped iterator's: a stateful sampler iterator's
+        # ``state_dict``/``load_state_dict`` above all, which StatefulDataLoader looks for to
+        # save and restore its position (without them it re-draws its order on resume).
+        if name in _FirstDraw.__slots__:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def _observe_loader_iterators(module: Any) -> None:
@@ -209,24 +227,45 @@ def _reduce_loader_iterator(iterator: Any) -> Any:
             "random streams carry over from epoch to epoch and cannot be re-created at this "
             "position; use persistent_workers=False, or create the iterator after the "
             "checkpoint")
+    if origin.from_loaded_state:
+        raise pickle.PicklingError(
+            "it is the iterator of a StatefulDataLoader that the program resumed from a "
+            "state_dict of its own (load_state_dict), so its position is not the loader's "
+            "start plus the batches it gave; let the transformed program's checkpoints resume "
+            "it, or create the iterator after the checkpoint")
     loader = origin.loader
     if loader is None:
         raise pickle.PicklingError(
             "it is the iterator of a DataLoader the program no longer holds (a loader with an "
             "__iter__ of its own may keep its iterator, so the runtime holds it only weakly); "
             "keep the loader in a variable while its iterator is used")
-    return _loader_iterator, (loader, origin.created, origin.first_draw, iterator._num_yielded)
+    current = getattr(loader, "_iterator", None) is iterator
+    return _loader_iterator, (loader, origin.created, origin.first_draw, iterator._num_yielded,
+                              current)
+
+
+def _reduce_stateful_loader(loader: Any) -> Any:
+    """A StatefulDataLoader as pickle would save it, without the iterator it keeps: that one is
+    saved (if the program holds it) as its own re-creation, which needs the loader whole."""
+    func, args, state, *rest = loader.__reduce_ex__(2)
+    if isinstance(state, dict) and state.get("_iterator") is not None:
+        state = {**state, "_iterator": None, "_initial_iter_for_state_dict": False}
+    return (func, args, state, *rest)
 
 
 def _loader_iterator(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
-                     yielded: int) -> Any:
+                     yielded: int, current: bool = True) -> Any:
     """The loader's iterator re-created as the saved one was, advanced by ``yielded``
-    batches; the random states left as they were before (the resume sets its own)."""
+    batches; the random states left as they were before (the resume sets its own). A loader
+    that keeps its iterator keeps this one only if it kept the saved one (``current``)."""
     install()
     before = _random_states(loader)
+    kept = getattr(loader, "_iterator", None)
     try:
         _set_random_states(loader, created)
         iterator = iter(loader)
+        if not current and hasattr(loader, "_iterator"):
+            loader._iterator = kept
         origin: _Origin = iterator._ecrl_origin
         if origin.first_draw is None and first_draw is not None:
             _set_random_states(loader, first_draw)
