@@ -165,22 +165,29 @@ def fork_process(body: Callable[[], int | None], *, env: Mapping[str, str],
             stream.flush()
     log = os.open(output, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     parent = os.getpid()
+    # Signals wait until the child has a new interpreter's dispositions: a SIGTERM sent the
+    # moment it exists would otherwise run this process's handler there (the supervisor's,
+    # which only notes a stop request), and the child would go on.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
         pid = os.fork()
     except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(log)
         raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(log)
         return ForkedProcess(pid)
     code = 1
     try:
-        code = _child(body, env, log, parent)
+        code = _child(body, env, log, parent, mask)
     finally:
         os._exit(code)
 
 
-def _child(body: Callable[[], int | None], env: Mapping[str, str], log: int, parent: int) -> int:
+def _child(body: Callable[[], int | None], env: Mapping[str, str], log: int, parent: int,
+           mask: set[int | signal.Signals]) -> int:
     # What the parent made stays out of the collector: an object of the parent's collected here
     # would close a file number this child may have opened again for something else.
     gc.freeze()
@@ -191,6 +198,7 @@ def _child(body: Callable[[], int | None], env: Mapping[str, str], log: int, par
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     restore_started_signals()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)

@@ -85,6 +85,19 @@ except subprocess.TimeoutExpired:
 sleeper.send_signal(signal.SIGTERM)
 results["sleeper"] = sleeper.wait(timeout=30)
 sleeper.kill()  # reaped already: nothing is signalled
+
+# Signalled the moment it exists, before it could have put its dispositions back: the
+# parent's handler must not run there (it would print, and the child would sleep on).
+for _ in range(20):
+    quick = fork_process(lambda: time.sleep(60), env={}, output=folder / "quick.log")
+    quick.send_signal(signal.SIGTERM)
+    try:
+        results.setdefault("signalled_at_once", []).append(quick.wait(timeout=5))
+    except subprocess.TimeoutExpired:
+        quick.kill()
+        results.setdefault("signalled_at_once", []).append("went on")
+        break
+results["quick_output"] = (folder / "quick.log").read_text()
 sys.stdout.flush()
 lock.close()
 print(json.dumps(results))
@@ -150,6 +163,13 @@ def test_wait_times_out_and_a_signal_is_reported_as_popen_does(
     results, _, _ = forked
     assert results["timed_out"] is True
     assert results["sleeper"] == -signal.SIGTERM
+
+
+def test_a_signal_sent_the_moment_the_child_exists_has_a_new_interpreters_effect(
+        forked: tuple[dict, str, Path]) -> None:
+    results, _, _ = forked
+    assert results["signalled_at_once"] == [-signal.SIGTERM] * 20
+    assert results["quick_output"] == ""
 
 
 ORPHANED = r"""

@@ -52,8 +52,11 @@ def _verifies(root: Path) -> None:
 
 def test_restarts_and_standbys_of_ecrl_run_start_no_interpreter(tmp_path: Path) -> None:
     root, starts = _counting_starts(
-        tmp_path, "run", "--dataset-size", "256", "--global-batch", "8", "--steps", "32",
-        "--ckpt-every", "4", "--world-sizes", "2,1", "--fail-at", "8,20", "--warm-standby")
+        # Failures well after each attempt's first step: the supervisor starts the standby once
+        # it sees that step (it polls every 0.25 s), and an attempt that failed sooner would
+        # have none to hand over.
+        tmp_path, "run", "--dataset-size", "256", "--global-batch", "8", "--steps", "160",
+        "--ckpt-every", "10", "--world-sizes", "2,1", "--fail-at", "60,110", "--warm-standby")
     state = json.loads((root / "supervisor.json").read_text())
     assert [a["world_size"] for a in state["attempts"]] == [2, 1, 1]
     assert state["warm_standby"] == {"1": True, "2": True}
