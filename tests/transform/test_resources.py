@@ -187,11 +187,31 @@ def test_a_stateful_dataloader_resumed_by_the_runtime_still_gives_its_own_state(
     assert back["loader"]._iterator is back["iterator"]
     _batches(back["iterator"], 2)
     state = back["loader"].state_dict()
-    expected = _batches(back["iterator"], 4)
+    _assert_state_resumes(state, workers, _batches(back["iterator"], 4))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_dataloader_saved_without_its_iterator_keeps_that_iterators_place(
+        workers: int) -> None:
+    """The program dropped its iterator; the loader kept it, and its own ``state_dict`` says
+    where it is. Saved without it, the resumed loader's state was a new iterator's (the start of
+    an epoch): a program checkpointing it itself would resume from the wrong place."""
+    torch.manual_seed(0)
+    loader = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
+    iterator = iter(loader)
+    _batches(iterator, 3)
+    del iterator
+    load = _save({"loader": loader})
+    expected = _batches(loader._iterator, 4)
+    _assert_state_resumes(load()["loader"].state_dict(), workers, expected)
+
+
+def _assert_state_resumes(state: dict[str, Any], workers: int, expected: list[Any]) -> None:
+    """A fresh StatefulDataLoader loaded with ``state`` gives ``expected`` next."""
     torch.manual_seed(99)  # the new loader's order must come from the state alone
     fresh = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
     fresh.load_state_dict(state)
-    got = _batches(iter(fresh), 4)
+    got = _batches(iter(fresh), len(expected))
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
@@ -217,12 +237,7 @@ def test_the_observer_leaves_a_stateful_dataloaders_own_resume_exact(workers: in
     iterator = iter(loader)
     _batches(iterator, 3)
     state = loader.state_dict()
-    expected = _batches(iterator, 5)
-    torch.manual_seed(123)
-    again = _stateful(_DATA, batch_size=7, shuffle=True, num_workers=workers)
-    again.load_state_dict(state)
-    got = _batches(iter(again), 5)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    _assert_state_resumes(state, workers, _batches(iterator, 5))
 
 
 def test_an_iterator_of_a_stateful_dataloader_the_program_resumed_itself_is_refused() -> None:

@@ -20,9 +20,9 @@ each is saved as the recipe that gives the resumed program the same object at th
   would close a reference cycle, and an iterator in a cycle is shut down by the cyclic collector,
   which closes its queues first, so torch's shutdown waited 5 s on each worker and could leave
   them running. Such an iterator saves while its loader is alive; one whose loader the program
-  dropped is refused at the save. torchdata's ``StatefulDataLoader`` is saved without the
-  iterator it keeps (that one, saved as its re-creation, needs the loader whole first) and keeps
-  the re-created one again, so its own ``state_dict`` goes on as in an uninterrupted run.
+  dropped is refused at the save. torchdata's ``StatefulDataLoader`` saves the iterator it
+  keeps as its re-creation, made once the rest of the loader is back, so its own ``state_dict``
+  goes on as in an uninterrupted run whether or not the program still holds that iterator.
 * **SummaryWriters** are flushed at the save, and the size of every event file under their
   directory recorded. On resume the files are cut back to those sizes and event files that
   appeared after the checkpoint (written by the killed attempt) are removed, so no event is
@@ -215,7 +215,9 @@ def _set_random_states(loader: Any, states: tuple[Any, Any]) -> None:
         generator.set_state(state)
 
 
-def _reduce_loader_iterator(iterator: Any) -> Any:
+def _recipe(iterator: Any) -> tuple[Any, tuple[Any, Any], tuple[Any, Any] | None, int]:
+    """What re-creates ``iterator``: its loader, the random states its order was drawn from, the
+    batches it gave. Refused, in one line, where that would not give the same iterator."""
     origin: _Origin | None = getattr(iterator, "_ecrl_origin", None)
     if origin is None:
         raise pickle.PicklingError(
@@ -229,43 +231,80 @@ def _reduce_loader_iterator(iterator: Any) -> Any:
             "checkpoint")
     if origin.from_loaded_state:
         raise pickle.PicklingError(
-            "it is the iterator of a StatefulDataLoader that the program resumed from a "
-            "state_dict of its own (load_state_dict), so its position is not the loader's "
-            "start plus the batches it gave; let the transformed program's checkpoints resume "
-            "it, or create the iterator after the checkpoint")
+            "it is (or holds) the iterator of a StatefulDataLoader that the program resumed "
+            "from a state_dict of its own (load_state_dict), so its position is not the "
+            "loader's start plus the batches it gave; let the transformed program's "
+            "checkpoints resume it, or create the iterator after the checkpoint")
     loader = origin.loader
     if loader is None:
         raise pickle.PicklingError(
             "it is the iterator of a DataLoader the program no longer holds (a loader with an "
             "__iter__ of its own may keep its iterator, so the runtime holds it only weakly); "
             "keep the loader in a variable while its iterator is used")
-    current = getattr(loader, "_iterator", None) is iterator
-    return _loader_iterator, (loader, origin.created, origin.first_draw, iterator._num_yielded,
-                              current)
+    return loader, origin.created, origin.first_draw, iterator._num_yielded
+
+
+def _reduce_loader_iterator(iterator: Any) -> Any:
+    loader, created, first_draw, yielded = _recipe(iterator)
+    if _is_stateful(loader) and getattr(loader, "_iterator", None) is iterator:
+        return _kept_iterator, (loader,)  # re-created with its loader
+    return _loader_iterator, (loader, created, first_draw, yielded)
+
+
+def _is_stateful(loader: Any) -> bool:
+    return type(loader).__module__ == _STATEFUL_LOADER_MODULE
+
+
+def _kept_iterator(loader: Any) -> Any:
+    return loader._iterator
 
 
 def _reduce_stateful_loader(loader: Any) -> Any:
-    """A StatefulDataLoader as pickle would save it, without the iterator it keeps: that one is
-    saved (if the program holds it) as its own re-creation, which needs the loader whole."""
+    """A StatefulDataLoader as pickle would save it, with the iterator it keeps saved as its
+    re-creation, made once the rest of the loader is back: its own ``state_dict`` after a resume
+    is then what it was at the save, whether or not the program holds that iterator."""
     func, args, state, *rest = loader.__reduce_ex__(2)
-    if isinstance(state, dict) and state.get("_iterator") is not None:
-        state = {**state, "_iterator": None, "_initial_iter_for_state_dict": False}
-    return (func, args, state, *rest)
+    kept = state.get("_iterator") if isinstance(state, dict) else None
+    if kept is None:
+        return (func, args, state, *rest)
+    _, *recipe = _recipe(kept)
+    listitems, dictitems = (*rest, None, None)[:2]
+    return (func, args, ({**state, "_iterator": None}, tuple(recipe), bool(kept._finished)),
+            listitems, dictitems, _set_stateful_loader_state)
+
+
+def _set_stateful_loader_state(loader: Any, state: tuple[dict[str, Any], tuple[Any, ...], bool]
+                               ) -> None:
+    attributes, recipe, finished = state
+    loader.__dict__.update(attributes)
+    initial = attributes.get("_initial_iter_for_state_dict", False)
+    loader._initial_iter_for_state_dict = False  # its __iter__ would expect the kept iterator
+    kept = _recreated(loader, *recipe)
+    kept._finished = finished
+    loader._iterator = kept
+    loader._initial_iter_for_state_dict = initial
 
 
 def _loader_iterator(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
-                     yielded: int, current: bool = True) -> Any:
-    """The loader's iterator re-created as the saved one was, advanced by ``yielded``
-    batches; the random states left as they were before (the resume sets its own). A loader
-    that keeps its iterator keeps this one only if it kept the saved one (``current``)."""
+                     yielded: int) -> Any:
+    """The loader's iterator re-created as the saved one was, advanced by ``yielded`` batches;
+    a loader that keeps its iterator keeps the one it had."""
+    kept = getattr(loader, "_iterator", None)
+    iterator = _recreated(loader, created, first_draw, yielded)
+    if hasattr(loader, "_iterator"):
+        loader._iterator = kept
+    return iterator
+
+
+def _recreated(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
+               yielded: int) -> Any:
+    """``iter(loader)`` as the saved iterator was made, advanced by ``yielded`` batches; the
+    random states left as they were before (the resume sets its own)."""
     install()
     before = _random_states(loader)
-    kept = getattr(loader, "_iterator", None)
     try:
         _set_random_states(loader, created)
         iterator = iter(loader)
-        if not current and hasattr(loader, "_iterator"):
-            loader._iterator = kept
         origin: _Origin = iterator._ecrl_origin
         if origin.first_draw is None and first_draw is not None:
             _set_random_states(loader, first_draw)

@@ -11,9 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
 
-from ecrl.contract.gcpause import collection_paused
 from ecrl.contract.runformat import LatestPointer, RunPaths
 from ecrl.runtime._proc import (
     ChildProcess,
@@ -27,7 +25,13 @@ from ecrl.runtime.launchenv import AttemptEnv
 from ecrl.runtime.runconfig import RunConfig
 from ecrl.runtime.settings import SupervisorSettings, TrainerSettings
 from ecrl.runtime.supervision.standby import STANDBY_DIR
-from ecrl.runtime.trainer.agent import AGENT_MODULE, RANK_NAME, forked_torchrun, preload
+from ecrl.runtime.trainer.agent import (
+    AGENT_MODULE,
+    RANK_NAME,
+    forked_torchrun,
+    import_torchrun,
+    preload,
+)
 
 __all__ = ["TORCHRUN_LOG", "TRAINER", "torchrun_command", "attempt_env", "environment",
            "rank_pids", "start_torchrun"]
@@ -99,10 +103,9 @@ def _torchrun_preexec() -> None:
 
 def _torchrun_alone() -> Callable[..., None]:
     """Import torchrun (then freeze what the import made); its ``main``."""
-    with collection_paused():
-        import torch.distributed.run as torchrun
+    torchrun_main = import_torchrun()
     gc.freeze()
-    return cast(Callable[..., None], torchrun.main)
+    return torchrun_main
 
 
 _PRELOADS: dict[str, Callable[[], Callable[..., None]]] = {

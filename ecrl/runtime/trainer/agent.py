@@ -29,7 +29,8 @@ from typing import cast
 
 from ecrl.contract.gcpause import collection_paused
 
-__all__ = ["AGENT_MODULE", "RANK_ENTRY", "RANK_NAME", "forked_torchrun", "preload"]
+__all__ = ["AGENT_MODULE", "RANK_ENTRY", "RANK_NAME", "forked_torchrun", "import_torchrun",
+           "preload"]
 
 AGENT_MODULE = "ecrl.runtime.trainer.agent"
 
@@ -47,14 +48,20 @@ def forked_torchrun(launch: Sequence[str]) -> list[str]:
             "--start-method", "fork", "--run-path", RANK_ENTRY]
 
 
+def import_torchrun() -> Callable[..., None]:
+    """Import torchrun with the collector held off; its ``main``."""
+    with collection_paused():
+        import torch.distributed.run as torchrun
+    return cast(Callable[..., None], torchrun.main)
+
+
 def preload() -> Callable[..., None]:
     """Import torchrun and the trainer (then freeze what the imports made); torchrun's ``main``."""
     from ecrl.runtime.trainer.__main__ import load
 
-    with collection_paused():
-        import torch.distributed.run as torchrun
+    torchrun_main = import_torchrun()
     load()  # the trainer's imports, then everything imported so far frozen (torchrun's too)
-    return cast(Callable[..., None], torchrun.main)
+    return torchrun_main
 
 
 def main() -> None:
