@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from transform.runtime._exit import CheckpointError
 from transform.runtime._pickling import dumps, loads
@@ -65,9 +66,12 @@ def _own_generator() -> DataLoader[Any]:
 
 def _stateful(*args: Any, **kwargs: Any) -> DataLoader[Any]:
     """torchdata's StatefulDataLoader (a pinned test dependency)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     return StatefulDataLoader(*args, **kwargs)
+
+
+class _OwnStatefulLoader(StatefulDataLoader):  # type: ignore[misc]
+    """A StatefulDataLoader subclass of the program's own (its module is not torchdata's): it
+    was saved as a plain object, and every resume then failed the same way."""
 
 
 LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
@@ -81,6 +85,8 @@ LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
     "iterable-dataset": lambda: DataLoader(_Stream(), batch_size=4),
     "stateful-dataloader-shuffled": lambda: _stateful(_DATA, batch_size=7, shuffle=True),
     "stateful-dataloader-workers-drawing-random-numbers": lambda: _stateful(
+        _Augmented(), batch_size=4, shuffle=True, num_workers=2),
+    "stateful-dataloader-subclass-workers-drawing-random-numbers": lambda: _OwnStatefulLoader(
         _Augmented(), batch_size=4, shuffle=True, num_workers=2),
 }
 

@@ -79,6 +79,8 @@ def reduce_resource(obj: Any) -> Any:
     """The reduction of a live resource, or NotImplemented for anything else."""
     if isinstance(obj, io.IOBase):
         return _reduce_file(obj)
+    if _is_stateful(obj):
+        return _reduce_stateful_loader(obj)
     module = type(obj).__module__
     if module == _LOADER_MODULE or module.startswith(_OTHER_LOADER_PACKAGES):
         torch_data = sys.modules[_LOADER_MODULE]
@@ -89,8 +91,6 @@ def reduce_resource(obj: Any) -> Any:
                     "re-create at its position; an iterator kept across a checkpoint must come "
                     "from torch's DataLoader or torchdata's StatefulDataLoader")
             return _reduce_loader_iterator(obj)
-        if module == _STATEFUL_LOADER_MODULE and isinstance(obj, torch_data.DataLoader):
-            return _reduce_stateful_loader(obj)
     elif module == _WRITER_MODULE and type(obj).__name__ == "SummaryWriter":
         return _reduce_summary_writer(obj)
     return NotImplemented
@@ -252,7 +252,9 @@ def _reduce_loader_iterator(iterator: Any) -> Any:
 
 
 def _is_stateful(loader: Any) -> bool:
-    return type(loader).__module__ == _STATEFUL_LOADER_MODULE
+    """Whether ``loader`` is a StatefulDataLoader, a subclass of the program's own included."""
+    stateful = sys.modules.get(_STATEFUL_LOADER_MODULE)
+    return stateful is not None and isinstance(loader, stateful.StatefulDataLoader)
 
 
 def _kept_iterator(loader: Any) -> Any:
