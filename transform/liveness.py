@@ -9,11 +9,11 @@ save there: the names live after the hint statement and possibly bound.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from transform.cfg import CfgNode, RegionCfg
+from transform.graphfree import GraphFreeFunctions, graph_free_reads
 
 __all__ = ["LiveFacts", "live_at_hints", "live_before"]
 
@@ -30,55 +30,23 @@ class LiveFacts:
     maybe_unbound: tuple[str, ...]
     """Sorted names in ``save`` that are unbound on some path to the hint (save if bound)."""
     detach: tuple[str, ...] = ()
-    """Sorted names in ``save`` that every later read uses through ``.item()``, ``.tolist()``,
-    ``.detach()``, ``float()``, ``int()`` or ``bool()`` only: a tensor they hold is saved
-    detached from its autograd graph, which no later read needs."""
+    """Sorted names in ``save`` that every later read uses without its autograd graph
+    (``.item()``, ``.detach()``, a function of the program's that only detaches it:
+    :mod:`transform.graphfree`): a tensor they hold is saved detached."""
 
 
-# Reads of a tensor that give the same result whether or not it is attached to a graph.
-_GRAPH_FREE_METHODS = frozenset({"item", "tolist", "detach"})
-_GRAPH_FREE_BUILTINS = frozenset({"float", "int", "bool"})
-
-
-def graph_free_reads(statement: ast.AST, names: set[str] | frozenset[str]) -> set[str]:
-    """The names of ``names`` that ``statement`` mentions, each time as a graph-free read
-    (``x.item()``, ``x.tolist()``, ``x.detach()``, ``float(x)``, ``int(x)``, ``bool(x)``).
-
-    The whole statement is searched (a loop's body too, for its header's node): more mentions
-    can only make a name not graph-free."""
-    parents: dict[int, ast.AST] = {}
-    for parent in ast.walk(statement):
-        for child in ast.iter_child_nodes(parent):
-            parents[id(child)] = parent
-    verdict: dict[str, bool] = {}
-    for node in ast.walk(statement):
-        if isinstance(node, ast.Name) and node.id in names:
-            free = isinstance(node.ctx, ast.Load) and _graph_free_read(node, parents)
-            verdict[node.id] = verdict.get(node.id, True) and free
-    return {name for name, free in verdict.items() if free}
-
-
-def _graph_free_read(name: ast.Name, parents: dict[int, ast.AST]) -> bool:
-    parent = parents.get(id(name))
-    if isinstance(parent, ast.Attribute) and parent.attr in _GRAPH_FREE_METHODS:
-        call = parents.get(id(parent))
-        return isinstance(call, ast.Call) and call.func is parent and not call.args \
-            and not call.keywords
-    return isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) \
-        and parent.func.id in _GRAPH_FREE_BUILTINS and len(parent.args) == 1 \
-        and parent.args[0] is name and not parent.keywords
-
-
-def _graph_reads(cfg: RegionCfg, saved: frozenset[str]) -> Callable[[CfgNode], frozenset[str]]:
+def _graph_reads(cfg: RegionCfg, saved: frozenset[str], functions: GraphFreeFunctions
+                 ) -> Callable[[CfgNode], frozenset[str]]:
     """A node's reads that may need an autograd graph: all its reads but the graph-free ones of
     names some hint saves (never a name a call or closure may read behind the statement's
-    back). Only statements reading a saved name are searched."""
+    back). Only statements reading a saved name are searched. ``functions`` are the module's
+    graph-free functions (their names bound nowhere else in the module)."""
 
     def reads(node: CfgNode) -> frozenset[str]:
         candidates = (node.uses & saved) - cfg.indirect_reads
         if node.node is None or not candidates:
             return frozenset(node.uses)
-        return frozenset(node.uses - graph_free_reads(node.node, candidates))
+        return frozenset(node.uses - graph_free_reads(node.node, candidates, functions))
 
     return reads
 
@@ -138,11 +106,14 @@ def _fixpoint_bound(cfg: RegionCfg) -> tuple[dict[int, frozenset[str]], dict[int
     return may, must
 
 
-def live_at_hints(cfg: RegionCfg) -> dict[int, LiveFacts]:
-    """Live facts for every hint of the region, by hint id."""
+def live_at_hints(cfg: RegionCfg, functions: GraphFreeFunctions | None = None
+                  ) -> dict[int, LiveFacts]:
+    """Live facts for every hint of the region, by hint id. ``functions``: the module's
+    functions that read arguments graph-free (:func:`transform.graphfree.graph_free_functions`)."""
     live_out = _fixpoint_live(cfg)
     saved = frozenset().union(*(live_out[n] for n in cfg.hint_nodes.values()))
-    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg, saved)) if saved else {}
+    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg, saved, functions or {})) \
+        if saved else {}
     may, must = _fixpoint_bound(cfg)
     facts: dict[int, LiveFacts] = {}
     for hint, node in cfg.hint_nodes.items():

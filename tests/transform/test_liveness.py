@@ -177,3 +177,109 @@ def test_a_tensor_only_read_without_its_graph_is_saved_detached(
     for facts in result.live.values():  # the micro-step hint and the outer one
         assert "loss" in facts.save
         assert ("loss" in facts.detach) is detached, (later, facts)
+
+
+# A function of the program's own that reads its argument without the graph: pytorch/examples'
+# word language model carries its LSTM state as ``hidden = repackage_hidden(hidden)``.
+FUNCTIONS = """
+import torch
+from transform import _checkpoint
+
+def repackage(h):
+    if isinstance(h, torch.Tensor):
+        return h.detach()
+    return tuple(repackage(v) for v in h)
+
+def total(h):
+    s = 0.0
+    for v in h:
+        s += v.item() + len(v)
+    return s
+
+def grad_flag(h):
+    return h.requires_grad
+
+def given_back(h):
+    return h
+
+def backward_in(h):
+    h.backward()
+
+def reassigned(h):
+    h = h * 2
+    return h.item()
+
+def ping(h, n):
+    return pong(h, n - 1) if n else h.detach()
+
+def pong(h, n):
+    return ping(h, n)
+
+def ping_bad(h, n):
+    return pong_bad(h, n - 1) if n else h.detach()
+
+def pong_bad(h, n):
+    keep.append(h)
+    return ping_bad(h, n)
+
+def collects(h):
+    for v in h:
+        keep.append(v)
+
+@staticmethod
+def decorated(h):
+    return h.detach()
+
+def rebound(h):
+    return h.detach()
+
+rebound = given_back
+keep = []
+loss = (torch.ones(1), torch.ones(1))
+for step in range(4):
+    _iterations: 4
+    loss = (torch.ones(1, requires_grad=True) * 2, torch.ones(1, requires_grad=True) * 3)
+    _checkpoint()
+    LATER
+"""
+
+
+@pytest.mark.parametrize(("later", "detached"), [
+    ("loss = repackage(loss)", True),  # the word language model's hidden state
+    ("print(total(loss))", True),
+    ("x = ping(loss, 3)", True),  # graph-free through mutual recursion
+    ("x = grad_flag(loss)", False),  # requires_grad differs once detached
+    ("x = given_back(loss)", False),  # the caller gets the graph back
+    ("backward_in(loss)", False),
+    ("x = reassigned(loss)", False),
+    ("x = ping_bad(loss, 3)", False),  # one function of the cycle keeps it
+    ("collects(loss)", False),  # its elements kept
+    ("x = decorated(loss)", False),  # a decorator may return anything
+    ("x = rebound(loss)", False),  # the name is bound to another function too
+    ("x = repackage(h=loss)", False),  # by keyword: not followed
+    ("x = repackage(*loss)", False),
+    ("x = repackage(loss, loss.grad_fn)", False),
+])
+def test_a_tensor_passed_to_a_function_that_only_detaches_it_is_saved_detached(
+        later: str, detached: bool) -> None:
+    result = analyze(FUNCTIONS.replace("LATER", later), "functions.py")
+    assert isinstance(result, AnalysisSuccess), result
+    (facts,) = result.live.values()
+    assert "loss" in facts.save
+    assert ("loss" in facts.detach) is detached, (later, facts)
+
+
+def test_a_local_that_shadows_a_graph_free_function_is_not_called() -> None:
+    source = FUNCTIONS.replace("LATER", "pass").replace(
+        "loss = (torch.ones(1), torch.ones(1))\n", "") + """
+def main(repackage):
+    hidden = (torch.ones(1, requires_grad=True) * 2,)
+    for step in range(3):
+        _iterations: 3
+        _checkpoint()
+        hidden = repackage(hidden)
+"""
+    result = analyze(source, "shadow.py")
+    assert isinstance(result, AnalysisSuccess), result
+    facts = [f for f in result.live.values() if "hidden" in f.save]
+    assert facts and all("hidden" not in f.detach for f in facts)

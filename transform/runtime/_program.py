@@ -545,10 +545,17 @@ def _token_kinds(anchors: Mapping[int, tuple[str, ...]], values: Mapping[str, An
 
 def _detached(value: Any) -> Any:
     """A tensor that is part of an autograd graph, detached (the analysis found that no later
-    read of its variable needs the graph); any other value as it is."""
+    read of its variable needs the graph); a tuple of such values (an LSTM's hidden state), its
+    tensors detached; any other value as it is. Lists are left alone: one another variable may
+    hold too must stay one list, so a graph in it is refused at the save."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor) and value.grad_fn is not None:
-        return value.detach()
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.grad_fn is not None else value
+    if type(value) is tuple:
+        items = tuple(_detached(item) for item in value)
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
     return value
 
 
