@@ -280,3 +280,44 @@ def test_hosts_that_are_nested_functions_resume_into_the_saved_step(tmp_path: Pa
 
     original, program, env = prepare(tmp_path, NESTED_HOSTS, "--all-hints")
     assert resume_after(program, env, kill_at) == original_output(original, env)
+
+
+MODULE_HOST = """\
+import random
+
+from transform import _checkpoint
+
+random.seed(4)
+total = 1000.0  # a module global named as train()'s own running sum
+trace = ["module"]
+
+
+def train(epoch):
+    total = 0.0
+    trace = [epoch]
+    for step in range(4):
+        total += epoch * step + random.random()
+        trace.append(step)
+        _checkpoint()
+    return total, trace
+
+
+results = []
+for epoch in range(3):
+    out = train(epoch)
+    results.append(out)
+print(results, total, trace)
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["2", "6"])
+def test_a_function_hosting_a_hint_of_the_module_saves_its_own_names(tmp_path: Path,
+                                                                      kill_at: str) -> None:
+    """The VAE example's shape: train(epoch) called from the module's epoch loop, the hint in
+    train()'s batch loop. The save read train()'s names from the module's globals (the module
+    region's scope): a global of the same name was saved as train()'s running sum, and the
+    resume finished with exit 0 and a wrong result; one no global shared was "not saved"."""
+    from test_runtime import original_output, prepare, resume_after
+
+    original, program, env = prepare(tmp_path, MODULE_HOST, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)

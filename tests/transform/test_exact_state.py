@@ -81,6 +81,39 @@ def test_a_live_autograd_graph_is_refused_at_the_first_save(tmp_path) -> None:
     assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
 
 
+# minGPT's Trainer keeps the step's loss on itself (``self.loss``) for its callbacks. The trainer
+# is restored in place, so the graph is in its attributes, not in a live name: the refusal named
+# no value ("cannot save the live values"); it names the attribute.
+TRAINER_LOSS = """
+import torch
+from torch import nn
+from transform import _checkpoint
+
+class Trainer:
+    def __init__(self):
+        self.model = nn.Linear(3, 1)
+        self.loss = None
+
+    def run(self):
+        for i in range(4):
+            self.loss = self.model(torch.ones(2, 3) * i).sum()
+            self.loss.backward()
+            _checkpoint()
+        print(self.loss.item())
+
+Trainer().run()
+"""
+
+
+def test_a_graph_in_an_attribute_of_an_object_restored_in_place_is_named(tmp_path) -> None:
+    _, program, env = prepare(tmp_path, TRAINER_LOSS, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert "original.py:15: cannot save `self.loss` (a Tensor)" in done.stderr
+    assert not (tmp_path / "ckpt" / "resume.ckpt").exists()
+
+
 # pytorch/examples' word language model: the LSTM state is carried across batches and cut from
 # the graph by a function of the program's own, at the top of the next batch. Live at the
 # checkpoint, still holding the last batch's graph, it was refused at the first save; the

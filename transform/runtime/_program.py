@@ -392,7 +392,7 @@ class Activation:
               global_list: Iterable[str]) -> dict[str, Any]:
         """Saved values for one frame: a container the frame already holds under the same
         name is updated in place and kept (and so wherever else the value was saved)."""
-        scope = frame.f_globals if self.is_module else frame.f_locals
+        scope = frame.f_locals  # a module's: its globals; a hosted hint's function's: its own
         values: dict[str, Any] = dict(saved_values)
         global_names = set(global_list)
         replaced = self.replaced
@@ -449,7 +449,9 @@ class Activation:
         for level, spec in enumerate(specs):
             at = frames[level] if level < len(frames) else frame
             in_region = at is region_frame
-            scope = at.f_globals if self.is_module else at.f_locals
+            # A module's locals are its globals; a function's are its own, also where it hosts
+            # a hint of the module region (its names are not the module's).
+            scope = at.f_locals
             values: dict[str, Any] = {}
             for name in (*spec.save, *spec.maybe):
                 holder = at.f_globals if in_region and name in declared else scope
@@ -494,7 +496,7 @@ class Activation:
             raise
         except Exception as exc:
             every = {name: v for level in levels for name, v in level.items()}
-            raise _unsaveable(program, hint, info, every, anchors, exc) from None
+            raise _unsaveable(program, info, every, anchors, anchor_states, exc) from None
         header = {
             "program": program.plan.source, "region": self.region,
             "entry": self.entry, "hint": hint, "globals": dumped.globals,
@@ -596,10 +598,12 @@ def _check_nesting(activation: Activation, frame: types.FrameType, line: int) ->
         outer = outer.f_back
 
 
-def _unsaveable(program: Program, hint: int, info: HintSpec, values: Mapping[str, Any],
-                anchors: dict[int, tuple[str, ...]], exc: Exception) -> CheckpointError:
-    """Name the value that could not be saved (the payload failed as a whole)."""
-    line = info.line
+def _unsaveable(program: Program, info: HintSpec, values: Mapping[str, Any],
+                anchors: dict[int, tuple[str, ...]],
+                anchor_states: list[tuple[list[str], Any]], exc: Exception) -> CheckpointError:
+    """Name the value that could not be saved (the payload failed as a whole): a live name, or
+    an attribute of an object restored in place (``self.loss``, which a trainer holds)."""
+    where = program.where(info.line)
     for name, obj in values.items():
         try:
             dumps({"value": obj}, anchors)
@@ -609,7 +613,18 @@ def _unsaveable(program: Program, hint: int, info: HintSpec, values: Mapping[str
                       "resume)" if isinstance(obj, types.FunctionType) else
                       "create it after the checkpoint, or move the hint to where it is not "
                       "live")
-            return CheckpointError(f"{program.where(line)}: cannot save `{name}` (a {kind}) at "
-                                   f"this checkpoint: {inner}; {advice}")
-    return CheckpointError(f"{program.where(line)}: cannot save the live values at this "
-                           f"checkpoint: {type(exc).__name__}: {exc}")
+            return CheckpointError(f"{where}: cannot save `{name}` (a {kind}) at this "
+                                   f"checkpoint: {inner}; {advice}")
+    for token, state in anchor_states:
+        attributes = state.items() if isinstance(state, dict) else [(None, state)]
+        for attribute, obj in attributes:
+            try:
+                dumps({"value": obj}, anchors)
+            except Exception as inner:
+                what = token[1] if attribute is None else f"{token[1]}.{attribute}"
+                return CheckpointError(
+                    f"{where}: cannot save `{what}` (a {type(obj).__name__}) at this "
+                    f"checkpoint: {inner}; set it after the checkpoint, or move the hint to "
+                    "where it does not hold that")
+    return CheckpointError(f"{where}: cannot save the live values at this checkpoint: "
+                           f"{type(exc).__name__}: {exc}")
