@@ -352,6 +352,23 @@ def test_closures_made_in_an_imported_library_are_saved_and_resume_exactly(tmp_p
     assert resume_after(program, env, "4") == original_output(original, env)
 
 
+def test_a_library_closure_wrapped_by_another_modules_decorator_is_saved() -> None:
+    """torch's ``get_ema_multi_avg_fn`` returns its closure wrapped by ``torch.no_grad()``: the
+    wrapper's code and globals are ``torch.utils._contextlib``'s, its ``__module__`` the
+    closure's (copied by ``functools.wraps``). Looked for under ``__module__``, its code was not
+    found, and an ``AveragedModel`` (an EMA of the model, as pytorch/examples' imagenet keeps
+    one) was refused at the first save."""
+    import torch
+    from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+    update = get_ema_multi_avg_fn(0.75)
+    back = _round_trip(update)
+    assert back is not update and back.__wrapped__ is not update.__wrapped__
+    ema, model = [torch.ones(3)], [torch.full((3,), 5.0)]
+    back(ema, model, torch.tensor(1))
+    assert ema[0].tolist() == [2.0, 2.0, 2.0]  # 0.75 * 1 + 0.25 * 5, under no_grad
+
+
 def _code_args(code: object) -> list[object]:
     """``types.CodeType``'s positional arguments (Python 3.11) for ``code``."""
     return [getattr(code, "co_" + name) for name in (

@@ -512,7 +512,9 @@ class _Pickler(cloudpickle.Pickler):
                 return func, (code, _PROGRAM_GLOBALS, *rest), state, None, None, \
                     _set_program_function_state
             return reduced
-        module = getattr(obj, "__module__", None)
+        # The module whose globals it runs in: ``__module__`` may name another (a decorator's
+        # wrapper copies its function's, as torch.no_grad()'s does).
+        module = obj.__globals__.get("__name__")
         if isinstance(module, str) and sys.modules.get(module) is not None \
                 and obj.__globals__ is vars(sys.modules[module]) \
                 and obj.__code__ in _module_code_objects(module):
@@ -520,8 +522,8 @@ class _Pickler(cloudpickle.Pickler):
                 _set_program_function_state
         raise pickle.PicklingError(
             f"it is a function made outside the program ({obj.__qualname__} of "
-            f"{obj.__module__}), whose code is neither the program's own nor in the source of "
-            "an imported module")
+            f"{module or obj.__module__}), whose code is neither the program's own nor in the "
+            "source of an imported module")
 
     def _tensor(self, obj: Any) -> Any:
         if obj.grad_fn is not None:
