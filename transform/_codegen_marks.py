@@ -20,6 +20,7 @@ from transform._tasks_build import is_elif, is_hint_statement
 from transform.analysis import AnalysisSuccess
 from transform.cfg import (
     free_names,
+    generator_functions,
     import_binding,
     module_call_reads,
     pattern_names,
@@ -132,12 +133,18 @@ def _is_range_call(expr: ast.expr) -> bool:
         and expr.func.id == "range"
 
 
-def _unsaveable_kind(stmt: ast.stmt) -> str | None:
+def _unsaveable_kind(stmt: ast.stmt, generators: frozenset[str]) -> str | None:
     """What an assignment binds when it is obviously something no checkpoint can hold: a
-    generator (its frame cannot be saved). Open files and iterators are saved as what re-opens
-    or re-creates them (transform/runtime/_resources.py), or refused at the first save."""
+    generator (its frame cannot be saved), from a generator expression or a call of one of the
+    program's generator functions. Open files and iterators are saved as what re-opens or
+    re-creates them (transform/runtime/_resources.py), or refused at the first save."""
     value = stmt.value if isinstance(stmt, ast.Assign) else None
-    return "a generator" if isinstance(value, ast.GeneratorExp) else None
+    if isinstance(value, ast.GeneratorExp):
+        return "a generator"
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+            and value.func.id in generators:
+        return f"a generator (from {value.func.id}(), a generator function)"
+    return None
 
 
 # --------------------------------------------------------------------------- marks
@@ -273,7 +280,7 @@ def mark_program(result: AnalysisSuccess, chosen_ids: Sequence[int],
     hints_by_id = {h.id: h for h in tree.hints}
     regions = {r.name: r for r in tree.regions}
     lines = source.splitlines()
-    marks = Marks(lines)
+    marks = Marks(lines, generators=generator_functions(tree.module))
     slot_of, rules = _slot_rules(result, all_hints)
     module_values = _module_values(tree.module)
     call_reads = module_call_reads(tree.module)
@@ -504,7 +511,7 @@ def _frame_names(result: AnalysisSuccess, hint: int, facts: Any, segment: list[S
             maybe.add(name)
     for name in sorted(save):
         stmts = bindings.get(name, [])
-        kinds = [_unsaveable_kind(s) for s in stmts]
+        kinds = [_unsaveable_kind(s, marks.generators) for s in stmts]
         if stmts and all(kinds):
             raise issue(result, stmts[0], "unsaveable",
                         f"`{name}` holds {kinds[0]} and is live at the checkpoint on line "

@@ -75,6 +75,8 @@ class Marks:
     """Hint → the way to it from its region's body."""
     branches: dict[int, int] = field(default_factory=dict)
     """id(branch statement) → its settle site (branches holding chosen slots)."""
+    generators: frozenset[str] = frozenset()
+    """The program's generator functions (:func:`transform.cfg.generator_functions`)."""
     settle: dict[int, dict[int, int]] = field(default_factory=dict)
     """settle site → {slot id: positions per execution of the branch}."""
 

@@ -31,7 +31,7 @@ import networkx as nx
 
 __all__ = ["CfgNode", "RegionCfg", "build_cfg", "expression_names", "free_names",
            "target_names", "pattern_names", "import_binding", "walrus_names",
-           "module_call_reads"]
+           "module_call_reads", "plain_functions", "generator_functions"]
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -668,6 +668,28 @@ def _is_hint(expr: ast.AST) -> bool:
         isinstance(f, ast.Attribute) and f.attr == "_checkpoint")
 
 
+def plain_functions(module: ast.Module) -> dict[str, ast.FunctionDef]:
+    """Module-level functions defined by a plain ``def`` (no decorator) whose name nothing else
+    in the module binds (no assignment, import, parameter, other definition or ``global``):
+    a call by that name is a call of that function."""
+    defs: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defs.setdefault(node.name, []).append(node)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            defs.setdefault(node.id, []).append(node)
+        elif isinstance(node, ast.alias):
+            defs.setdefault((node.asname or node.name).split(".")[0], []).append(node)
+        elif isinstance(node, ast.arg):
+            defs.setdefault(node.arg, []).append(node)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            for declared in node.names:
+                defs.setdefault(declared, []).append(node)
+    return {stmt.name: stmt for stmt in module.body
+            if isinstance(stmt, ast.FunctionDef) and not stmt.decorator_list
+            and defs.get(stmt.name) == [stmt]}
+
+
 def module_call_reads(module: ast.Module) -> set[str]:
     """Module names that code in functions and classes reads: any call may read them."""
     reads: set[str] = set()
@@ -679,6 +701,25 @@ def module_call_reads(module: ast.Module) -> set[str]:
             _body_names(stmt.body, loads, set())
             reads |= loads
     return reads
+
+
+def generator_functions(module: ast.Module) -> frozenset[str]:
+    """The :func:`plain_functions` that are generator functions (a ``yield`` of their own): a
+    call of one makes a generator."""
+    return frozenset(name for name, function in plain_functions(module).items()
+                     if any(isinstance(node, ast.Yield | ast.YieldFrom)
+                            for node in _own_nodes(function)))
+
+
+def _own_nodes(function: ast.FunctionDef) -> Iterable[ast.AST]:
+    """The nodes of a function's body, not those of the functions, lambdas and classes in it."""
+    stack: list[ast.AST] = list(function.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+                          | ast.ClassDef):
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def _all_definitions(body: Sequence[ast.stmt]) -> Iterable[ast.FunctionDef | ast.AsyncFunctionDef

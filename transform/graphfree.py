@@ -30,6 +30,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from transform.cfg import plain_functions
+
 __all__ = ["GraphFreeFunctions", "graph_free_functions", "graph_free_reads"]
 
 _GRAPH_FREE_METHODS = frozenset({"item", "tolist", "detach"})
@@ -90,26 +92,6 @@ def graph_free_reads(statement: ast.AST, names: set[str] | frozenset[str],
 
 def _positional(function: ast.FunctionDef) -> list[str]:
     return [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
-
-
-def _candidates(module: ast.Module) -> dict[str, ast.FunctionDef]:
-    """Module-level plain functions whose name nothing else in the module binds."""
-    defs: dict[str, list[ast.AST]] = {}
-    for node in ast.walk(module):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            defs.setdefault(node.name, []).append(node)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            defs.setdefault(node.id, []).append(node)
-        elif isinstance(node, ast.alias):
-            defs.setdefault((node.asname or node.name).split(".")[0], []).append(node)
-        elif isinstance(node, ast.arg):
-            defs.setdefault(node.arg, []).append(node)
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            for declared in node.names:
-                defs.setdefault(declared, []).append(node)
-    return {stmt.name: stmt for stmt in module.body
-            if isinstance(stmt, ast.FunctionDef) and not stmt.decorator_list
-            and defs.get(stmt.name) == [stmt]}
 
 
 class _Function:
@@ -174,7 +156,7 @@ class _Function:
 def graph_free_functions(module: ast.Module) -> dict[str, frozenset[int]]:
     """The module's functions that read some positional parameters graph-free, with their
     positions (functions with none are left out)."""
-    functions = {name: _Function(node) for name, node in _candidates(module).items()}
+    functions = {name: _Function(node) for name, node in plain_functions(module).items()}
     while True:
         current = {name: f.positions() for name, f in functions.items()}
         changed = False

@@ -127,6 +127,12 @@ CODEGEN_BAD = {
                    "    lines = (s for s in open(path))\n"
                    "    for i in range(3):\n        _checkpoint()\n        next(lines)\n",
                    "`lines` holds a generator", 3),
+    # a generator function of the program's own (a batch stream), live across the loop
+    "unsaveable-generator-function": (
+        "from transform import _checkpoint\ndef batches(n):\n    while True:\n"
+        "        yield list(range(n))\nstream = batches(4)\nfor i in range(3):\n"
+        "    _checkpoint()\n    next(stream)\n",
+        "`stream` holds a generator (from batches(), a generator function)", 5),
     # f() runs once, so it is its own region (a loop calling it would host its hints)
     "two-levels": ("from transform import _checkpoint\ndef f():\n    for i in range(3):\n"
                    "        _checkpoint()\nf()\nfor j in range(3):\n    _checkpoint()\n",

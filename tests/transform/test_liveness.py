@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 from pathlib import Path
@@ -283,3 +284,34 @@ def main(repackage):
     assert isinstance(result, AnalysisSuccess), result
     facts = [f for f in result.live.values() if "hidden" in f.save]
     assert facts and all("hidden" not in f.detach for f in facts)
+
+
+def test_generator_functions_are_the_plain_ones_with_a_yield_of_their_own() -> None:
+    from transform.cfg import generator_functions
+
+    module = ast.parse("""
+import contextlib
+
+def batches(n):
+    while True:
+        yield n
+
+def delegates():
+    yield from batches(2)
+
+def makes_one():
+    def inner():
+        yield 1
+    return inner()  # a generator, but not from a yield of its own: not recognised
+
+@contextlib.contextmanager
+def opened():
+    yield 1
+
+def rebound():
+    yield 1
+
+rebound = list
+lam = lambda: (yield)
+""")
+    assert generator_functions(module) == {"batches", "delegates"}
