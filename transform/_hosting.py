@@ -17,7 +17,8 @@ comprehension), ``f`` is not called
 implicitly (``forward``, dunder methods), has no decorator but the schedule's, and declares no
 ``global``/``nonlocal`` names. Hosting repeats up the calls (``main`` → ``run_epoch`` →
 ``micro_steps``); the function at the top is the region. A call found this way whose arguments
-are not plain expressions (names, constants, attributes, subscripts, arithmetic) is refused:
+are not plain expressions (names, constants, attributes, subscripts, arithmetic, lambdas with
+plain defaults) is refused:
 the resume evaluates them again, from the values saved at the checkpoint, and a call among them
 (``next(it)``) would not give what it gave the first time.
 
@@ -168,10 +169,24 @@ def _leads_to(caller: ast.FunctionDef | ast.Module, func: ast.FunctionDef,
     return True
 
 
+def _evaluated(expr: ast.expr) -> Iterable[ast.AST]:
+    """The nodes that evaluating ``expr`` evaluates: a lambda's defaults, not its body (made
+    again on resume, a callback lambda closes over the restored names, as the first one did)."""
+    stack: list[ast.AST] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Lambda):
+            stack.extend(node.args.defaults)
+            stack.extend(d for d in node.args.kw_defaults if d is not None)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
 def _refusal(statement: ast.stmt, call: ast.Call, func: ast.FunctionDef, lines: list[str],
              path: str) -> SourceIssue | None:
     for arg in (*call.args, *(k.value for k in call.keywords)):
-        bad = next((n for n in ast.walk(arg) if not isinstance(n, _PLAIN)), None)
+        bad = next((n for n in _evaluated(arg) if not isinstance(n, _PLAIN)), None)
         if bad is not None:
             return SourceIssue(
                 path=path, line=bad.lineno if hasattr(bad, "lineno") else statement.lineno,
@@ -180,8 +195,8 @@ def _refusal(statement: ast.stmt, call: ast.Call, func: ast.FunctionDef, lines: 
                 message=f"{func.name}() holds checkpoints and a resume calls it again here with "
                         "its arguments evaluated again from the saved values: an argument "
                         "must be a plain expression (names, constants, attributes, "
-                        "subscripts, arithmetic), not a call; compute it on the line before "
-                        "and pass the name")
+                        "subscripts, arithmetic, lambdas), not a call; compute it on the line "
+                        "before and pass the name")
     # ast offsets count UTF-8 bytes
     first = lines[statement.lineno - 1].encode("utf-8")
     last = lines[(statement.end_lineno or statement.lineno) - 1].encode("utf-8")

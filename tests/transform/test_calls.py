@@ -88,6 +88,9 @@ SHAPES = {
     "argument-with-a-call": (f"{HEAD}{TRAIN}it = iter([1, 2])\nfor e in range(2):\n"
                              "    train(next(it))\n", (7, 11), "checkpoints-call-arguments",
                              "compute it on the line before"),
+    "lambda-default-with-a-call": (f"{HEAD}{TRAIN}it = iter([1, 2])\nfor e in range(2):\n"
+                                   "    train(lambda v, first=next(it): v + first)\n", (7, 27),
+                                   "checkpoints-call-arguments", "lambdas), not a call"),
     "call-not-alone": (f"{HEAD}{TRAIN}for e in range(2):\n    k = e; train(k)\n", (6, 12),
                        "checkpoints-call-not-alone", "on a line of its own"),
 }
@@ -125,6 +128,12 @@ ACCEPTED = {
                      "T().run()\n",
     "hosted-with-caller-hints": f"{HEAD}{TRAIN}def main():\n    for e in range(2):\n"
                                 "        train(3)\n        _checkpoint()\nmain()\n",
+    # a callback lambda is made again on resume, closing over the restored names; only its
+    # defaults are evaluated there (the body runs when train() calls it)
+    "hosted-with-a-lambda-argument": f"{HEAD}def train(n, log):\n    for i in range(3):\n"
+                                     "        log(next(iter([i])))\n        _checkpoint()\n"
+                                     "seen = []\nfor e in range(2):\n"
+                                     "    train(3, lambda v, e=e: seen.append((e, v)))\n",
 }
 
 
@@ -320,4 +329,41 @@ def test_a_function_hosting_a_hint_of_the_module_saves_its_own_names(tmp_path: P
     from test_runtime import original_output, prepare, resume_after
 
     original, program, env = prepare(tmp_path, MODULE_HOST, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)
+
+
+LAMBDA_CALLBACK = """\
+from transform import _checkpoint
+
+
+class Trainer:
+    def __init__(self):
+        self.step = 0
+
+    def run_epoch(self, epoch, on_step):
+        for i in range(3):
+            self.step += 1
+            on_step(self.step, epoch * 10 + i)
+            _checkpoint()
+
+    def fit(self, epochs):
+        seen = []
+        for epoch in range(epochs):
+            _iterations: 4
+            self.run_epoch(epoch, lambda step, value, e=epoch: seen.append((e, step, value)))
+        return seen
+
+
+print(Trainer().fit(4))
+"""
+
+
+@pytest.mark.parametrize("kill_at", ["2", "7"])
+def test_a_hosted_method_called_with_a_callback_lambda_resumes_into_the_saved_step(
+        tmp_path: Path, kill_at: str) -> None:
+    """The lambda is made again by the resumed fit(), over its restored ``seen``; the saved one
+    (run_epoch's ``on_step``) shares that list, so both append to the one list."""
+    from test_runtime import original_output, prepare, resume_after
+
+    original, program, env = prepare(tmp_path, LAMBDA_CALLBACK, "--all-hints")
     assert resume_after(program, env, kill_at) == original_output(original, env)
