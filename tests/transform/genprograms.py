@@ -88,8 +88,10 @@ def _indent(lines: list[str]) -> list[str]:
 
 @st.composite
 def programs(draw: st.DrawFn) -> str:
-    """A complete program with at least one hint: at module level, inside ``main()``, or in a
-    function whose parameters (a list, a dict, a NumPy Generator) the caller builds."""
+    """A complete program with at least one hint: at module level, inside ``main()``, in a
+    function whose parameters (a list, a dict, a NumPy Generator) the caller builds, or in a
+    function called per epoch from the module's loop (hosted: its checkpoints are the
+    module's)."""
     seed = draw(st.integers(0, 2**16))
     steps = draw(st.integers(120, 200))
     body = draw(_block(1, 0))
@@ -101,13 +103,25 @@ def programs(draw: st.DrawFn) -> str:
               "np.random.random(), gen.random())")
     head = ["import contextlib", "import random", "import time", "", "import numpy as np",
             "from transform import _checkpoint", ""]
-    shape = draw(st.sampled_from(["module", "main", "params"]))
+    shape = draw(st.sampled_from(["module", "main", "params", "hosted"]))
     if shape == "module":
         return "\n".join([*head, *setup, *loop, result]) + "\n"
     if shape == "main":
         inner = _indent([*setup, *loop, result])
         return "\n".join([*head, "", "def main():", *inner, "", "", "main()"]) + "\n"
-    inner = _indent(["a, b = 0, 1", *loop, "return a, b"])
-    outer = [*setup[:3], "items = []", "table = {}", "a, b = train(items, table, gen)", result]
-    return "\n".join([*head, "", "def train(items, table, gen):", *inner, "", "",
+    if shape == "params":
+        inner = _indent(["a, b = 0, 1", *loop, "return a, b"])
+        outer = [*setup[:3], "items = []", "table = {}", "a, b = train(items, table, gen)",
+                 result]
+        return "\n".join([*head, "", "def train(items, table, gen):", *inner, "", "",
+                          *outer]) + "\n"
+    # Hosted by the module's epoch loop (the pytorch/examples shape): the function's own ``a``
+    # and ``b`` shadow the module's, and the module loop holds a hint after the call.
+    epochs = draw(st.integers(2, 4))
+    per_epoch = [f"for step in range({steps // epochs}):", *_indent(step_body)]
+    inner = _indent(["a, b = epoch, 1", *per_epoch, "return a, b"])
+    outer = [*setup, f"for epoch in range({epochs}):", f"    _iterations: {epochs}",
+             "    ra, rb = run_epoch(epoch, items, table, gen)",
+             "    a, b = (a + ra) % 10007, (b * 3 + rb) % 10007", "    _checkpoint()", result]
+    return "\n".join([*head, "", "def run_epoch(epoch, items, table, gen):", *inner, "", "",
                       *outer]) + "\n"
