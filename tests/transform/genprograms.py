@@ -115,13 +115,21 @@ def programs(draw: st.DrawFn) -> str:
                  result]
         return "\n".join([*head, "", "def train(items, table, gen):", *inner, "", "",
                           *outer]) + "\n"
-    # Hosted by the module's epoch loop (the pytorch/examples shape): the function's own ``a``
-    # and ``b`` shadow the module's, and the module loop holds a hint after the call.
+    # Hosted by an epoch loop (the pytorch/examples shape), of the module or of main(): the
+    # callee's own ``a`` and ``b`` shadow the caller's, and the caller's loop holds a hint after
+    # the call. The callee is a function or a method.
     epochs = draw(st.integers(2, 4))
     per_epoch = [f"for step in range({steps // epochs}):", *_indent(step_body)]
     inner = _indent(["a, b = epoch, 1", *per_epoch, "return a, b"])
-    outer = [*setup, f"for epoch in range({epochs}):", f"    _iterations: {epochs}",
-             "    ra, rb = run_epoch(epoch, items, table, gen)",
+    method = draw(st.booleans())
+    call = "runner.run_epoch" if method else "run_epoch"
+    outer = [*setup, *(["runner = Runner()"] if method else []),
+             f"for epoch in range({epochs}):", f"    _iterations: {epochs}",
+             f"    ra, rb = {call}(epoch, items, table, gen)",
              "    a, b = (a + ra) % 10007, (b * 3 + rb) % 10007", "    _checkpoint()", result]
-    return "\n".join([*head, "", "def run_epoch(epoch, items, table, gen):", *inner, "", "",
-                      *outer]) + "\n"
+    callee = ["class Runner:", *_indent(["def run_epoch(self, epoch, items, table, gen):",
+                                         *inner])] if method else \
+        ["def run_epoch(epoch, items, table, gen):", *inner]
+    if draw(st.booleans()):
+        outer = ["def main():", *_indent(outer), "", "", "main()"]
+    return "\n".join([*head, "", *callee, "", "", *outer]) + "\n"
