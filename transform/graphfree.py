@@ -3,7 +3,8 @@
 A tensor still in an autograd graph cannot be saved as it is (restored as a leaf, a later
 ``backward()`` would silently stop reaching what it came from). It can be saved detached when no
 later read needs its graph: ``x.item()``, ``x.tolist()``, ``x.detach()``, ``float(x)``,
-``int(x)``, ``bool(x)``, ``isinstance(x, …)`` and ``len(x)`` give the same result either way.
+``int(x)``, ``bool(x)``, ``isinstance(x, …)``, ``len(x)`` and ``f"{x:.4f}"`` (a format spec of
+its own) give the same result either way.
 
 So does a call of one of the program's own functions that uses its argument only in such reads.
 pytorch/examples' word language model carries its LSTM state across batches as
@@ -68,6 +69,12 @@ def _free_read(name: ast.Name, parents: dict[int, ast.AST], functions: GraphFree
             isinstance(arg, ast.Starred) for arg in parent.args[:position + 1])
     if isinstance(parent, ast.For | ast.comprehension) and parent.iter is name:
         return isinstance(parent.target, ast.Name) and parent.target.id in free_locals
+    if isinstance(parent, ast.FormattedValue) and parent.value is name:
+        # f"{loss:.4f}": a tensor formats as its item() (0-dim) or raises (any other), with or
+        # without its graph; an empty spec or a conversion prints a tensor's repr, grad_fn in it.
+        spec = parent.format_spec
+        return parent.conversion == -1 and isinstance(spec, ast.JoinedStr) and bool(
+            spec.values) and all(isinstance(v, ast.Constant) and v.value for v in spec.values)
     return False
 
 

@@ -166,6 +166,10 @@ for step in range(4):
     ("x = loss * 2", "1", False),  # arithmetic outside no_grad keeps the graph
     ("x = loss", "1", False),  # an alias could be back-propagated later
     ("print(loss)", "1", False),  # the repr shows grad_fn
+    ("print(f'loss {loss:.4f}')", "1", True),  # formats as loss.item()
+    ("print(f'loss {loss}')", "1", False),  # no spec: a tensor of any shape prints its repr
+    ("print(f'loss {loss!r:>20}')", "1", False),
+    ("w = 8; print(f'loss {loss:{w}}')", "1", False),  # a spec only known at run time
     ("loss += 1", "1", False),  # the new value carries the old one's graph
     ("f = lambda: loss.item()", "1", False),  # a closure reads it when it likes
     ("log(); print(loss.item())", "loss", False),  # a function reads it behind the call
