@@ -17,7 +17,7 @@ from transform._tasks_build import build_task_tree
 from transform.calls import check_single_entry
 from transform.cfg import build_cfg, module_call_reads
 from transform.errors import ScheduleError, SourceError, SourceIssue
-from transform.graphfree import graph_free_functions
+from transform.graphfree import graph_free_functions, no_grad_statements
 from transform.liveness import LiveFacts, live_at_hints, live_before
 from transform.plan import (
     Firing,
@@ -161,7 +161,7 @@ def analyze(source: str, path: str, params: ScheduleParams | None = None, *,
         # Each function's own graph: a hosted function's hints see its own names, and the
         # call that leads to them what its caller must give back to run it again.
         cfg = build_cfg(node, node.body, hint_statements, call_reads=call_reads)
-        live.update(live_at_hints(cfg, graph_free))
+        live.update(live_at_hints(cfg, graph_free, no_grad_statements(node)))
         calls = calls_in.get(id(node))
         if calls:
             call_live.update(live_before(cfg, calls))

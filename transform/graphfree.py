@@ -3,8 +3,9 @@
 A tensor still in an autograd graph cannot be saved as it is (restored as a leaf, a later
 ``backward()`` would silently stop reaching what it came from). It can be saved detached when no
 later read needs its graph: ``x.item()``, ``x.tolist()``, ``x.detach()``, ``float(x)``,
-``int(x)``, ``bool(x)``, ``isinstance(x, …)``, ``len(x)`` and ``f"{x:.4f}"`` (a format spec of
-its own) give the same result either way.
+``int(x)``, ``bool(x)``, ``isinstance(x, …)``, ``len(x)``, ``f"{x:.4f}"`` (a format spec of
+its own) and arithmetic under ``with torch.no_grad():`` (``avg = 0.9 * avg + 0.1 * loss``, which
+records no graph) give the same result either way.
 
 So does a call of one of the program's own functions that uses its argument only in such reads.
 pytorch/examples' word language model carries its LSTM state across batches as
@@ -33,10 +34,12 @@ from collections.abc import Mapping
 
 from transform.cfg import plain_functions
 
-__all__ = ["GraphFreeFunctions", "graph_free_functions", "graph_free_reads"]
+__all__ = ["GraphFreeFunctions", "graph_free_functions", "graph_free_reads",
+           "no_grad_statements"]
 
 _GRAPH_FREE_METHODS = frozenset({"item", "tolist", "detach"})
 _GRAPH_FREE_BUILTINS = frozenset({"float", "int", "bool", "len"})
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
 
 GraphFreeFunctions = Mapping[str, frozenset[int]]
 """Function name → the positions of its graph-free positional parameters."""
@@ -50,10 +53,62 @@ def _parents(root: ast.AST) -> dict[int, ast.AST]:
     return parents
 
 
+def _is_no_grad(item: ast.withitem) -> bool:
+    """``torch.no_grad()`` or ``torch.inference_mode()``, without arguments."""
+    call = item.context_expr
+    return isinstance(call, ast.Call) and not call.args and not call.keywords \
+        and isinstance(call.func, ast.Attribute) and call.func.attr in _NO_GRAD \
+        and isinstance(call.func.value, ast.Name) and call.func.value.id == "torch"
+
+
+def _under_no_grad(node: ast.AST, parents: dict[int, ast.AST], outer: bool) -> bool:
+    """Whether ``node`` runs under a ``with torch.no_grad():`` (``outer``: the searched
+    statement does); not inside a function or lambda, which runs whenever it is called."""
+    child, parent = node, parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+                      | ast.ClassDef):
+            return False
+        if isinstance(parent, ast.With) and any(child is s for s in parent.body) \
+                and any(_is_no_grad(item) for item in parent.items):
+            return True
+        child, parent = parent, parents.get(id(parent))
+    return outer
+
+
+def no_grad_statements(root: ast.Module | ast.FunctionDef) -> frozenset[int]:
+    """The ids of ``root``'s own statements (not those of functions in it) that run under a
+    ``with torch.no_grad():`` or ``with torch.inference_mode():``."""
+    found: set[int] = set()
+
+    def visit(body: list[ast.stmt], under: bool) -> None:
+        for statement in body:
+            if under:
+                found.add(id(statement))
+            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            inner = under or (isinstance(statement, ast.With) and any(
+                _is_no_grad(item) for item in statement.items))
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(statement, field, []) or [], inner if field == "body" else under)
+            for handler in getattr(statement, "handlers", []):
+                visit(handler.body, under)
+            for case in getattr(statement, "cases", []):
+                visit(case.body, under)
+
+    visit(root.body, False)
+    return frozenset(found)
+
+
 def _free_read(name: ast.Name, parents: dict[int, ast.AST], functions: GraphFreeFunctions,
-               free_locals: frozenset[str] | set[str] = frozenset()) -> bool:
-    """Whether this load of ``name`` reads it without needing an autograd graph."""
+               free_locals: frozenset[str] | set[str] = frozenset(),
+               no_grad: bool = False) -> bool:
+    """Whether this load of ``name`` reads it without needing an autograd graph (``no_grad``:
+    the statement searched runs under ``torch.no_grad()``)."""
     parent = parents.get(id(name))
+    if isinstance(parent, ast.BinOp | ast.UnaryOp | ast.Compare):
+        # Arithmetic under no_grad records no graph: the same numbers, attached or not.
+        return _under_no_grad(name, parents, no_grad)
     if isinstance(parent, ast.Attribute) and parent.attr in _GRAPH_FREE_METHODS:
         call = parents.get(id(parent))
         return isinstance(call, ast.Call) and call.func is parent and not call.args \
@@ -79,11 +134,13 @@ def _free_read(name: ast.Name, parents: dict[int, ast.AST], functions: GraphFree
 
 
 def graph_free_reads(statement: ast.AST, names: set[str] | frozenset[str],
-                     functions: GraphFreeFunctions | None = None) -> set[str]:
+                     functions: GraphFreeFunctions | None = None,
+                     no_grad: bool = False) -> set[str]:
     """The names of ``names`` that ``statement`` mentions, each time as a graph-free read.
 
     ``functions``: the program's functions that read their arguments graph-free
-    (:func:`graph_free_functions`). The whole statement is searched (a loop's body too, for
+    (:func:`graph_free_functions`); ``no_grad``: ``statement`` runs under ``torch.no_grad()``
+    (:func:`no_grad_statements`). The whole statement is searched (a loop's body too, for
     its header's node): more mentions can only make a name not graph-free."""
     parents = _parents(statement)
     verdict: dict[str, bool] = {}
@@ -92,7 +149,8 @@ def graph_free_reads(statement: ast.AST, names: set[str] | frozenset[str],
             if not isinstance(node.ctx, ast.Load) \
                     and not isinstance(parents.get(id(node)), ast.AugAssign):
                 continue  # bound or deleted here, not read (``x += …`` reads it)
-            free = isinstance(node.ctx, ast.Load) and _free_read(node, parents, functions or {})
+            free = isinstance(node.ctx, ast.Load) and _free_read(
+                node, parents, functions or {}, no_grad=no_grad)
             verdict[node.id] = verdict.get(node.id, True) and free
     return {name for name, free in verdict.items() if free}
 

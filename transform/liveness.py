@@ -35,18 +35,20 @@ class LiveFacts:
     :mod:`transform.graphfree`): a tensor they hold is saved detached."""
 
 
-def _graph_reads(cfg: RegionCfg, saved: frozenset[str], functions: GraphFreeFunctions
-                 ) -> Callable[[CfgNode], frozenset[str]]:
+def _graph_reads(cfg: RegionCfg, saved: frozenset[str], functions: GraphFreeFunctions,
+                 no_grad: frozenset[int]) -> Callable[[CfgNode], frozenset[str]]:
     """A node's reads that may need an autograd graph: all its reads but the graph-free ones of
     names some hint saves (never a name a call or closure may read behind the statement's
     back). Only statements reading a saved name are searched. ``functions`` are the module's
-    graph-free functions (their names bound nowhere else in the module)."""
+    graph-free functions (their names bound nowhere else in the module); ``no_grad`` the ids of
+    the statements that run under ``torch.no_grad()``."""
 
     def reads(node: CfgNode) -> frozenset[str]:
         candidates = (node.uses & saved) - cfg.indirect_reads
         if node.node is None or not candidates:
             return frozenset(node.uses)
-        return frozenset(node.uses - graph_free_reads(node.node, candidates, functions))
+        return frozenset(node.uses - graph_free_reads(node.node, candidates, functions,
+                                                      no_grad=id(node.node) in no_grad))
 
     return reads
 
@@ -106,13 +108,15 @@ def _fixpoint_bound(cfg: RegionCfg) -> tuple[dict[int, frozenset[str]], dict[int
     return may, must
 
 
-def live_at_hints(cfg: RegionCfg, functions: GraphFreeFunctions | None = None
-                  ) -> dict[int, LiveFacts]:
+def live_at_hints(cfg: RegionCfg, functions: GraphFreeFunctions | None = None,
+                  no_grad: frozenset[int] = frozenset()) -> dict[int, LiveFacts]:
     """Live facts for every hint of the region, by hint id. ``functions``: the module's
-    functions that read arguments graph-free (:func:`transform.graphfree.graph_free_functions`)."""
+    functions that read arguments graph-free (:func:`transform.graphfree.graph_free_functions`);
+    ``no_grad``: the region's statements under ``torch.no_grad()``
+    (:func:`transform.graphfree.no_grad_statements`)."""
     live_out = _fixpoint_live(cfg)
     saved = frozenset().union(*(live_out[n] for n in cfg.hint_nodes.values()))
-    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg, saved, functions or {})) \
+    graph_live_out = _fixpoint_live(cfg, _graph_reads(cfg, saved, functions or {}, no_grad)) \
         if saved else {}
     may, must = _fixpoint_bound(cfg)
     facts: dict[int, LiveFacts] = {}

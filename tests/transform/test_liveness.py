@@ -170,6 +170,14 @@ for step in range(4):
     ("print(f'loss {loss}')", "1", False),  # no spec: a tensor of any shape prints its repr
     ("print(f'loss {loss!r:>20}')", "1", False),
     ("w = 8; print(f'loss {loss:{w}}')", "1", False),  # a spec only known at run time
+    # arithmetic under no_grad records no graph: a running average of the loss
+    ("with torch.no_grad():\n        avg = 0.9 * avg + 0.1 * loss", "1", True),
+    ("with torch.no_grad():\n        if loss > 3:\n            avg = -loss", "1", True),
+    ("with torch.inference_mode():\n        avg = loss * 2", "1", True),
+    ("with torch.enable_grad():\n        avg = loss * 2", "1", False),
+    ("with torch.no_grad():\n        avg = loss", "1", False),  # an alias, even there
+    ("with torch.no_grad():\n        f = lambda: loss * 2", "1", False),  # runs later
+    ("with torch.no_grad():\n        pass\n    avg = loss * 2", "1", False),
     ("loss += 1", "1", False),  # the new value carries the old one's graph
     ("f = lambda: loss.item()", "1", False),  # a closure reads it when it likes
     ("log(); print(loss.item())", "loss", False),  # a function reads it behind the call
