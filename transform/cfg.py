@@ -476,8 +476,9 @@ class _Builder:
             first_inner = len(g.nodes)
             ends = self.block(stmt.body, [enter.id])
             after_with = g.new("after-with")
-            for inner in range(first_inner, after_with.id):
-                g.edge(inner, after_with.id)  # __exit__ may swallow an exception raised anywhere
+            if not all(_never_suppresses(item.context_expr) for item in stmt.items):
+                for inner in range(first_inner, after_with.id):
+                    g.edge(inner, after_with.id)  # __exit__ may swallow an exception raised here
             for e in ends:
                 g.edge(e, after_with.id)
             return [after_with.id]
@@ -658,6 +659,31 @@ class _Builder:
             for h in entries:
                 if self.g.nodes[h].kind == "finally":
                     self.g.edge(node, h)
+
+
+_NEVER_SUPPRESS = frozenset({
+    "torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
+    "torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.set_grad_enabled",
+    "torch.autograd.set_detect_anomaly", "torch.autograd.detect_anomaly",
+    "torch.profiler.record_function", "open", "contextlib.nullcontext"})
+"""Context managers whose ``__exit__`` never swallows an exception: the AMP recipe computes its
+``loss`` inside ``with torch.autocast(…)``, and a body that might be left half-way would keep
+the previous step's ``loss`` (with its autograd graph) live at every hint of the loop."""
+
+
+def _dotted(expr: ast.expr) -> str | None:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        head = _dotted(expr.value)
+        return None if head is None else f"{head}.{expr.attr}"
+    return None
+
+
+def _never_suppresses(expr: ast.expr) -> bool:
+    """``expr`` makes a context manager of :data:`_NEVER_SUPPRESS` (by the name it is called
+    by: a program that rebinds ``torch`` or ``open`` is not one this analysis follows)."""
+    return isinstance(expr, ast.Call) and _dotted(expr.func) in _NEVER_SUPPRESS
 
 
 def _is_hint(expr: ast.AST) -> bool:

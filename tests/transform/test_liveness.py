@@ -327,3 +327,40 @@ rebound = list
 lam = lambda: (yield)
 """)
     assert generator_functions(module) == {"batches", "delegates"}
+
+
+AMP_STEP = """
+import contextlib
+import torch
+from transform import _checkpoint
+
+model = torch.nn.Linear(2, 1)
+loss = None
+for step in range(4):
+    _iterations: 4
+    with CONTEXT:
+        out = model(torch.ones(1, 2))
+        loss = out.sum()
+    loss.backward()
+    _checkpoint()
+"""
+
+
+@pytest.mark.parametrize(("context", "live"), [
+    ("torch.autocast('cpu', dtype=torch.bfloat16)", False),  # the AMP recipe
+    ("torch.cuda.amp.autocast()", False),
+    ("torch.no_grad()", False),
+    ("open('log.txt', 'a') as log", False),
+    ("contextlib.suppress(RuntimeError)", True),  # may leave the body with the old loss
+    ("torch.autocast('cpu'), contextlib.suppress(RuntimeError)", True),
+    ("make_context()", True),  # unknown: may swallow an exception
+])
+def test_a_with_body_that_cannot_be_left_half_way_assigns_for_sure(context: str,
+                                                                   live: bool) -> None:
+    """A name the body of ``with torch.autocast(…)`` assigns is dead before it: the block runs to
+    its end or raises. Under a context manager that may swallow an exception it stays live, and
+    the previous step's ``loss`` (its graph with it) would be saved at the hint."""
+    result = analyze(AMP_STEP.replace("CONTEXT", context), "amp.py")
+    assert isinstance(result, AnalysisSuccess), result
+    (facts,) = result.live.values()
+    assert ("loss" in facts.save) is live, facts
