@@ -8,6 +8,7 @@ at random (an external SIGKILL of rank 1 at a random time inside a random step) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -174,11 +175,25 @@ def _first_logged(path: Path) -> int | None:
         return None
 
 
+def _stopped(pid: int, timeout: float = 2.0) -> None:
+    """Wait until ``pid`` is in the stopped state (a SIGSTOP is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("T", "t"):
+                return
+        time.sleep(0.001)
+
+
 def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[int, ...],
-                 sig: int, *, into_attempt: bool = False) -> Callable[[Path, int], bool]:
+                 sig: int, *, into_attempt: bool = False,
+                 landed: Callable[[int], bool] | None = None) -> Callable[[Path, int], bool]:
     """Signal ``ranks`` ``delay`` s after ``ready(done, first)`` holds: ``done`` the last step
     rank 1 logged, ``first`` the first step it logged in the attempt (``into_attempt``; else
-    0)."""
+    0). With ``landed`` (a SIGSTOP of rank 1): once stopped, the rank's last logged step must
+    satisfy it, else the rank is continued and the next chance taken. Polls on a loaded machine
+    come tens of milliseconds apart, several steps: where a stop lands is read, not guessed."""
     pids: dict[int, int] = {}
     scanned = [0.0]
 
@@ -202,6 +217,13 @@ def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[i
         time.sleep(delay)
         for r in ranks:
             os.kill(pids[r], sig)
+        if landed is not None:
+            _stopped(pids[1])
+            where = logged_through(log)
+            if where is None or not landed(where):
+                for r in ranks:
+                    os.kill(pids[r], signal.SIGCONT)
+                return False
         return True
     return action
 
@@ -263,19 +285,26 @@ HUNG_EVERY = 8
 
 
 def _early_in_an_interval(done: int, first: int) -> bool:
-    """Rank 1 logged a step just after a periodic commit (steps 9-10, 17-18, …): stopped there,
-    or up to five steps later when the stop lands late, the newest complete step is not yet
-    committed, so the survivor has something to rescue. A stop drawn at a fixed step could land
-    after the next commit when the ranks were found late (steps are ~6 ms here); this waits for
-    the next such window instead."""
-    return done > HUNG_EVERY and done % HUNG_EVERY in (1, 2)
+    """Rank 1 logged a step early in a checkpoint interval of the first three after the first
+    commit (steps 9-13, 17-21, 25-29): time to stop it. Where the stop landed is checked by
+    :func:`_landed_before_a_commit`; a stop drawn at a fixed step could land after the next
+    commit when the ranks were found late (steps are ~6 ms here)."""
+    return HUNG_EVERY < done <= 3 * HUNG_EVERY + 5 and done % HUNG_EVERY <= 5
+
+
+def _landed_before_a_commit(done: int) -> bool:
+    """Rank 1 stopped after a step that no periodic commit covers (not 7, 15, 23 …: the survivor
+    has something to rescue) and early enough that attempt 1 reaches a periodic commit 9 steps
+    into it before the run's 40 steps end."""
+    return HUNG_EVERY < done <= 3 * HUNG_EVERY + 5 and done % HUNG_EVERY != HUNG_EVERY - 1
 
 
 def _stopped_then_all_killed(directory: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
     root = directory / "run"
     proc = _drive(root, [*JIT, "--ckpt-every", str(HUNG_EVERY),
                          "--hang-timeout-s", str(HANG_BOUND_S)],
-                  [_signal_when(_early_in_an_interval, 0.0, (1,), signal.SIGSTOP),
+                  [_signal_when(_early_in_an_interval, 0.0, (1,), signal.SIGSTOP,
+                                landed=_landed_before_a_commit),
                    _kill_at(9, 0.005, (0, 1), into_attempt=True)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root, proc
