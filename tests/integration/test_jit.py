@@ -162,7 +162,8 @@ def _drive(root: Path, args: list[str], actions: list[Callable[[Path, int], bool
         else:
             time.sleep(0.002)
     out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    assert not pending, f"the run ended before every action fired\n{out}\n{err}"
+    assert not pending, (f"the run ended before every action fired (what the first waiting "
+                         f"one saw: {getattr(pending[0][1], 'seen', None)})\n{out}\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -196,6 +197,7 @@ def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[i
     come tens of milliseconds apart, several steps: where a stop lands is read, not guessed."""
     pids: dict[int, int] = {}
     scanned = [0.0]
+    seen: dict[str, object] = {"scans": 0}
 
     def action(root: Path, attempt: int) -> bool:
         if not pids:
@@ -205,12 +207,17 @@ def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[i
             if time.monotonic() - scanned[0] < 0.05:
                 return False
             scanned[0] = time.monotonic()
-            found = _rank_pids(root, attempt)
+            every = rank_pids(root)
+            seen["scans"] = int(str(seen["scans"])) + 1
+            if every:
+                seen["last scan"] = every
+            found = {rank: pid for (a, rank), pid in every.items() if a == attempt}
             if not all(r in found for r in ranks):
                 return False
             pids.update(found)
         log = RunPaths.of(root).rank_log(attempt, 1)
         done = logged_through(log)
+        seen["steps"] = [*list(seen.get("steps", [])), done][-12:]  # type: ignore[call-overload]
         first = _first_logged(log) if into_attempt else 0
         if done is None or first is None or not ready(done, first):
             return False
@@ -225,6 +232,7 @@ def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[i
                     os.kill(pids[r], signal.SIGCONT)
                 return False
         return True
+    action.seen = seen  # type: ignore[attr-defined]
     return action
 
 
