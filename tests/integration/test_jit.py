@@ -162,8 +162,11 @@ def _drive(root: Path, args: list[str], actions: list[Callable[[Path, int], bool
         else:
             time.sleep(0.002)
     out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    launcher = sorted(f"{k}={v}" for k, v in os.environ.items()
+                      if any(t in k for t in ("RANK", "WORLD", "MASTER", "TORCH", "ECRL", "OMP")))
     assert not pending, (f"the run ended before every action fired (what the first waiting "
-                         f"one saw: {getattr(pending[0][1], 'seen', None)})\n{out}\n{err}")
+                         f"one saw: {getattr(pending[0][1], 'seen', None)}; this process's "
+                         f"launcher variables: {launcher})\n{out}\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -185,6 +188,19 @@ def _stopped(pid: int, timeout: float = 2.0) -> None:
             if state in ("T", "t"):
                 return
         time.sleep(0.001)
+
+
+def _ecrl_processes() -> list[tuple[int, str, str]]:
+    """(pid, name, standard output) of the processes named ``ecrl …``: what a scan that found no
+    rank saw (a diagnostic)."""
+    out: list[tuple[int, str, str]] = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                name = (entry / "comm").read_text().strip()
+                if name.startswith("ecrl"):
+                    out.append((int(entry.name), name, os.readlink(entry / "fd" / "1")))
+    return out[:8]
 
 
 def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[int, ...],
@@ -211,6 +227,8 @@ def _signal_when(ready: Callable[[int, int], bool], delay: float, ranks: tuple[i
             seen["scans"] = int(str(seen["scans"])) + 1
             if every:
                 seen["last scan"] = every
+            else:
+                seen["ecrl processes"] = _ecrl_processes()
             found = {rank: pid for (a, rank), pid in every.items() if a == attempt}
             if not all(r in found for r in ranks):
                 return False
