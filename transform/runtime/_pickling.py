@@ -31,6 +31,7 @@ A tensor inside an autograd graph is refused (torch would save it as a leaf, and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -298,20 +299,35 @@ class _Seen:
         self.content = content
 
 
-_COMPARE_CHUNK = 1 << 20
+@functools.cache
+def _libc_memcmp() -> Callable[[int, bytes, int], int] | None:
+    """libc's ``memcmp`` through ctypes, or None where there is no C library to load."""
+    import ctypes
+
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    return memcmp
 
 
 def _same_bytes(data: bytes | memoryview, content: bytes) -> bool:
-    """``data`` (a NumPy array's or a torch storage's memory) equals ``content``, compared a chunk
-    at a time (a changed buffer usually differs early): many times cheaper than hashing it."""
+    """``data`` (a NumPy array's or a torch storage's memory) equals ``content``: libc's
+    ``memcmp`` stops at the first difference and reads at memory speed, several times faster
+    than NumPy's ``array_equal`` (which builds an array of booleans first) and many times
+    cheaper than hashing."""
     if len(data) != len(content):
         return False
     import numpy as np
 
     mine = np.frombuffer(data, dtype=np.uint8)
-    theirs = np.frombuffer(content, dtype=np.uint8)
-    return all(np.array_equal(mine[i:i + _COMPARE_CHUNK], theirs[i:i + _COMPARE_CHUNK])
-               for i in range(0, len(content), _COMPARE_CHUNK))
+    memcmp = _libc_memcmp()
+    if memcmp is None:
+        return bool(np.array_equal(mine, np.frombuffer(content, dtype=np.uint8)))
+    # ``mine`` keeps ``data``'s memory alive across the call (ctypes releases the GIL)
+    return memcmp(mine.ctypes.data, content, len(content)) == 0
 
 
 class BlobMemo:
