@@ -388,3 +388,71 @@ def test_a_state_cannot_bring_code_that_no_imported_module_has() -> None:
     forged = code.replace(co_consts=(*code.co_consts, "a constant of its own"))
     with pytest.raises(pickle.UnpicklingError, match="not part of the program or of a module"):
         _checked_code(*_code_args(forged))  # same file, same name: other code
+
+
+# A loop over a DataLoader resumes by walking through the saved iteration again. It used to
+# iterate the restored loader for that: the loader's own torch.Generator, restored at its state
+# of the save (after the epoch's draws), shuffled anew, and loading the batches passed over
+# advanced the restored dataset's own numpy generator. Both gave another result with exit 0.
+# Now the loop's iterator is re-created from the random states it was made from (bare loader,
+# enumerate of one; without workers the sampler alone is advanced and the saved iteration's
+# batch loaded from a copy of the dataset; with workers the batches are loaded in them again).
+LOADER_LOOPS = """
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from transform import _checkpoint
+
+torch.set_num_threads(1)
+
+class Noisy(Dataset):
+    def __init__(self, seed, n):
+        self.rng = np.random.default_rng(seed)
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        x = np.sin(np.arange(6) * (i + 1)) + 0.1 * self.rng.standard_normal(6)
+        return torch.tensor(x, dtype=torch.float32), torch.tensor(float(i % 2))
+
+def step(x, y):
+    loss = nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+torch.manual_seed(2)
+own = DataLoader(Noisy(9, 40), batch_size=8, shuffle=True,
+                 generator=torch.Generator().manual_seed(5))
+workers = DataLoader(Noisy(3, 48), batch_size=8, shuffle=True, num_workers=2,
+                     generator=torch.Generator().manual_seed(6))
+model = nn.Linear(6, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    _iterations: 2
+    for i, (x, y) in enumerate(own, 1):
+        _iterations: 5
+        step(x, y)
+        _checkpoint()
+for epoch in range(2):
+    _iterations: 2
+    for x, y in workers:
+        _iterations: 6
+        step(x, y)
+        _checkpoint()
+print([round(v, 6) for v in model.weight.flatten().tolist()], i)
+"""
+
+
+def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path) -> None:
+    original, program, env = prepare(tmp_path, LOADER_LOOPS, "--all-hints")
+    # save 3: the enumerate loop's first epoch; 10 saves later (save 13) the worker loop's third
+    # batch, then its fifth (its prefetching draws from the loader's generator while the resume
+    # walks: put back at the checkpoint, else its next epoch shuffles differently)
+    for kill_at in ("3", "10", "2"):
+        killed = kr.inject(program, kill_at, cwd=program.parent, env=env)
+        assert killed.returncode == -9, killed.stderr
+    done = kr.finish(program, cwd=program.parent, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == original_output(original, env)

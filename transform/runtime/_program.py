@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, 
 from transform.runtime._observe import Saved, notify
 from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
 from transform.runtime._resources import install as install_resources
+from transform.runtime._resources import loop_iterator, loop_origin, resumed_loop
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
 from transform.runtime._writer import SYNC_ENV, Job, StateWriter
@@ -180,7 +182,7 @@ class Activation:
 
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
-                 "pending", "levels", "replaced")
+                 "pending", "levels", "replaced", "loop_iterators", "loop_settles")
 
     SKIP = SKIP
 
@@ -196,6 +198,10 @@ class Activation:
         self.counters: dict[int, int] = {}
         self.index: dict[int, int] = {}
         self.entry_rng: dict[int, Any] = {}
+        self.loop_iterators: dict[int, weakref.ref[Any]] = {}
+        """A loop's DataLoader iterator, while it lives (its random states are saved)."""
+        self.loop_settles: list[Callable[[], None]] = []
+        """Resumed loops' loaders: their generators' states of the save, put back on arrival."""
         self.subjects: dict[int, Any] = {}
         self.marked: dict[int, dict[int, int]] = {}
         self.pending = False
@@ -235,7 +241,7 @@ class Activation:
                 # The iterable may draw random numbers when it is created or iterated (a
                 # shuffling loader): a fast-forward replays them from this state.
                 self.entry_rng[site] = rng_state()
-            return lambda iterable: self._track(site, iterable, 0, iter(iterable))
+            return lambda iterable: self._track(site, iterable, 0, self._entered(site, iterable))
         if self.target not in self.program.sites.get(site, ()):
             return lambda iterable: iter(())
         payload = self._payload()
@@ -244,12 +250,31 @@ class Activation:
         if entry_state is not None:
             set_rng_state(entry_state)
             self.entry_rng[site] = entry_state
-        return lambda iterable: self._track(site, iterable, start, self._seek(site, iterable,
-                                                                              start))
+        origin = payload.get("loaders", {}).get(site)
+        return lambda iterable: self._track(site, iterable, start,
+                                            self._seek(site, iterable, start, origin))
 
-    def _seek(self, site: int, iterable: Iterable[Any], start: int) -> Iterator[Any]:
+    def _entered(self, site: int, iterable: Iterable[Any]) -> Iterator[Any]:
+        iterator = iter(iterable)
+        inner = loop_iterator(iterable, iterator)
+        if inner is not None:
+            # held weakly: a loop left by ``break`` must not keep a loader's workers alive
+            self.loop_iterators[site] = weakref.ref(inner)
+        else:
+            self.loop_iterators.pop(site, None)
+        return iterator
+
+    def _seek(self, site: int, iterable: Iterable[Any], start: int, saved: Any = None
+              ) -> Iterator[Any]:
         if isinstance(iterable, range | list | tuple | str | bytes):
             return iter(iterable[start:])
+        if saved is not None:
+            resumed = resumed_loop(iterable, saved, start)
+            if resumed is not None:
+                items, inner, settle = resumed
+                self.loop_iterators[site] = weakref.ref(inner)
+                self.loop_settles.append(settle)
+                return items
         iterator = iter(iterable)
         skipped = sum(1 for _ in itertools.islice(iterator, start))
         if skipped < start:
@@ -418,6 +443,8 @@ class Activation:
                 return False
             frame = sys._getframe(1)
             self._values(frame)
+            for settle in self.loop_settles:
+                settle()
             set_rng_state(self._payload()["rng"])
             self.run = True
             self.program.walking.remove(self)
@@ -484,6 +511,7 @@ class Activation:
             "loops": {site: self.index[site] for site in info.loops if site in self.index},
             "entry_rng": {site: self.entry_rng[site] for site in info.loops
                           if site in self.entry_rng},
+            "loaders": self._loop_origins(info.loops),
             "subjects": {site: self.subjects[site] for site in info.subjects
                          if site in self.subjects},
             "counters": dict(self.counters),
@@ -503,6 +531,17 @@ class Activation:
             "anchors": {json.dumps(list(t)): k for t, k in _token_kinds(anchors, values)},
         }
         program.write(header, dumped.data, dumped.blobs)
+
+    def _loop_origins(self, loops: Iterable[int]) -> dict[int, Any]:
+        """Per loop of the hint over a DataLoader, the random states its iterator was made
+        from: its resume re-creates the iterator rather than iterate the restored loader."""
+        origins: dict[int, Any] = {}
+        for site in loops:
+            ref = self.loop_iterators.get(site)
+            iterator = ref() if ref is not None else None
+            if iterator is not None:
+                origins[site] = loop_origin(iterator)
+        return origins
 
     def _anchors(self, values: Mapping[str, Any], global_names: set[str]
                  ) -> tuple[dict[int, tuple[str, ...]], list[tuple[list[str], Any]]]:

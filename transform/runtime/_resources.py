@@ -39,12 +39,15 @@ with the value's name.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
+import itertools
 import os
 import pickle
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,8 @@ import wrapt
 from transform.runtime._exit import CheckpointError
 from transform.runtime._rng import rng_state, set_rng_state
 
-__all__ = ["install", "reduce_resource"]
+__all__ = ["LoopOrigin", "install", "loop_iterator", "loop_origin", "reduce_resource",
+           "resumed_loop"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
@@ -103,7 +107,8 @@ class _Origin:
     """Where an iterator came from: its loader and the random states its order was drawn
     from (at creation, and at the sampler's first draw once it has happened)."""
 
-    __slots__ = ("_strong", "_weak", "created", "first_draw", "from_loaded_state")
+    __slots__ = ("_strong", "_weak", "created", "first_draw", "from_loaded_state", "tracked",
+                 "last_draw")
 
     def __init__(self, loader: Any, created: tuple[Any, Any]) -> None:
         # A StatefulDataLoader's iterator made from a state the program loaded into it starts
@@ -115,6 +120,10 @@ class _Origin:
         self._weak = weakref.ref(loader) if weak else None
         self.created = created
         self.first_draw: tuple[Any, Any] | None = None
+        self.tracked = False
+        """Iterated by a ``for`` loop that holds a checkpoint (:func:`loop_iterator`)."""
+        self.last_draw: dict[str, Any] | None = None
+        """Tracked: the global random state as the latest batch was about to be loaded."""
 
     @property
     def loader(self) -> Any:
@@ -147,9 +156,14 @@ class _FirstDraw:
         return self
 
     def __next__(self) -> Any:
-        if self.origin.first_draw is None:
-            self.origin.first_draw = _random_states(self.origin.loader)
-        return next(self.inner)
+        origin = self.origin
+        if origin.first_draw is None:
+            origin.first_draw = _random_states(origin.loader)
+        item = next(self.inner)
+        if origin.tracked:
+            # what loading the batch draws from (augmentations): its resume loads it again
+            origin.last_draw = rng_state()
+        return item
 
     def __getattr__(self, name: str) -> Any:
         # Everything else is the wrapped iterator's: a stateful sampler iterator's
@@ -244,6 +258,128 @@ def _recipe(iterator: Any) -> tuple[Any, tuple[Any, Any], tuple[Any, Any] | None
     return loader, origin.created, origin.first_draw, iterator._num_yielded
 
 
+LoopOrigin = tuple[tuple[Any, Any], tuple[Any, Any] | None, dict[str, Any] | None]
+"""How a loop's DataLoader iterator was made and where it stands: the random states at its
+creation and at its sampler's first draw, and the global one as its latest batch was loaded."""
+
+
+def loop_iterator(iterable: Any, iterator: Any) -> Any:
+    """The DataLoader iterator a ``for`` loop over ``iterable`` (a loader, or ``enumerate`` of
+    one) draws from, marked to be re-created on resume (:func:`resumed_loop`); None for any
+    other iterable, and for a loader that keeps its iterator (``StatefulDataLoader``, persistent
+    workers), which resumes through its own state."""
+    inner = _enumerated(iterable)[0] if type(iterable) is enumerate else iterator
+    origin: _Origin | None = getattr(inner, "_ecrl_origin", None)
+    if origin is None or origin.from_loaded_state:
+        return None
+    loader = origin.loader
+    if loader is None or _keeps_its_iterator(loader):
+        return None
+    # without workers the resume loads the saved iteration's batch again, under the global
+    # random state it was loaded under (with workers, the workers' streams are replayed)
+    origin.tracked = _skips_without_loading(inner)
+    return inner
+
+
+def _enumerated(iterable: enumerate[Any]) -> tuple[Any, int]:
+    """The iterator an ``enumerate`` draws from, and its next count."""
+    reduced: Any = iterable.__reduce__()
+    inner, count = reduced[1]
+    return inner, int(count)
+
+
+def loop_origin(iterator: Any) -> LoopOrigin | None:
+    """What re-creates a tracked loop iterator (:func:`loop_iterator`) at a save."""
+    origin: _Origin = iterator._ecrl_origin
+    return origin.created, origin.first_draw, origin.last_draw
+
+
+def resumed_loop(iterable: Any, saved: LoopOrigin, position: int
+                 ) -> tuple[Any, Any, Callable[[], None]] | None:
+    """A ``for`` loop's iterable for its resume at ``position``, the DataLoader iterator inside
+    it (tracked again), and what to call once the resume reaches its checkpoint (the loader's
+    generators put back to their states of the save: a worker iterator's prefetching draws
+    from them while the walk runs); None when ``iterable`` is not a loader (or ``enumerate``
+    of one) whose iterator it re-creates.
+
+    The loop resumes by walking through the saved iteration again. Iterating the restored
+    loader for that would be wrong twice over: its own generators are at their states of the
+    save, after the epoch's draws, so it would shuffle anew; and loading the batches passed
+    over would advance what the restored dataset draws from (its own random generator, say).
+    Instead the iterator is re-created from the saved random states. Without workers its sampler
+    alone is advanced (as for a saved iterator), and the saved iteration's batch loaded again
+    under the global random state it was loaded under, from a copy of the dataset: the dataset
+    goes on from its state at the save. With workers the batches passed over are loaded and
+    dropped: the dataset they come from is the workers' copy, whose random streams must
+    advance. (A dataset that draws from random state of its own gives that
+    batch as it would be loaded after the save; the walk reads it only where an inner loop or a
+    ``with`` on the way to the checkpoint is made from it.) An ``enumerate`` made before the
+    loop began drew its loader's iterator already: that one is dropped, the states before it
+    are put back, and the ``enumerate`` is made again, counting from the saved position."""
+    base = sys.modules[_LOADER_MODULE].DataLoader
+    count = 0
+    if type(iterable) is enumerate:
+        premature, count = _enumerated(iterable)
+        origin: _Origin | None = getattr(premature, "_ecrl_origin", None)
+        if origin is None or origin.loader is None:
+            return None
+        loader, before = origin.loader, origin.created
+        shutdown = getattr(premature, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    else:
+        loader, before = iterable, None
+    if not isinstance(loader, base) or _keeps_its_iterator(loader):
+        return None
+    if before is None:
+        before = _random_states(loader)
+    created, first_draw, last_draw = saved
+    walked: list[Any] = []
+    iterator = _recreated(loader, created, first_draw, position, walked=walked,
+                          walk_draws=last_draw, before=before)
+    iterator._ecrl_origin.tracked = _skips_without_loading(iterator)
+    iterator._ecrl_origin.last_draw = last_draw
+    items = itertools.chain(walked, iterator)
+    settled = before
+
+    def settle() -> None:
+        _set_random_states(loader, settled)
+
+    if type(iterable) is enumerate:
+        return enumerate(items, count + position), iterator, settle
+    return items, iterator, settle
+
+
+def _skips_without_loading(iterator: Any) -> bool:
+    """Whether ``iterator`` passes over batches by drawing their indices only (no workers, a
+    map-style dataset)."""
+    dataset_kind = sys.modules[_LOADER_MODULE]._DatasetKind
+    return bool(iterator._num_workers == 0 and iterator._dataset_kind == dataset_kind.Map)
+
+
+def _loaded_aside(iterator: Any, draws: dict[str, Any] | None) -> Any:
+    """The iterator's next batch, loaded from a copy of its dataset (the dataset itself when it
+    cannot be copied) under the global random state ``draws``: what loading it does to the
+    dataset's own state is not kept."""
+    index = iterator._next_index()
+    if draws is not None:
+        set_rng_state(draws)
+    fetcher = iterator._dataset_fetcher
+    dataset = fetcher.dataset
+    # not copyable (an open file, a lock): loaded from itself, as a plain fast-forward would
+    with contextlib.suppress(Exception):
+        fetcher.dataset = copy.deepcopy(dataset)
+    try:
+        data = fetcher.fetch(index)
+    finally:
+        fetcher.dataset = dataset
+    iterator._num_yielded += 1
+    if iterator._pin_memory:
+        pin = sys.modules["torch.utils.data._utils.pin_memory"]
+        data = pin.pin_memory(data, iterator._pin_memory_device)
+    return data
+
+
 def _reduce_loader_iterator(iterator: Any) -> Any:
     loader, created, first_draw, yielded = _recipe(iterator)
     if _is_stateful(loader) and getattr(loader, "_iterator", None) is iterator:
@@ -299,22 +435,28 @@ def _loader_iterator(loader: Any, created: tuple[Any, Any], first_draw: tuple[An
 
 
 def _recreated(loader: Any, created: tuple[Any, Any], first_draw: tuple[Any, Any] | None,
-               yielded: int) -> Any:
+               yielded: int, *, walked: list[Any] | None = None,
+               walk_draws: dict[str, Any] | None = None,
+               before: tuple[Any, Any] | None = None) -> Any:
     """``iter(loader)`` as the saved iterator was made, advanced by ``yielded`` batches; the
-    random states left as they were before (the resume sets its own)."""
+    random states left as they were before (or as ``before`` says: the resume sets its own).
+    With ``walked`` (a loop's resume, :func:`resumed_loop`) and no workers, the next batch is
+    also taken, loaded aside under the global random state ``walk_draws``, and appended to it."""
     install()
-    before = _random_states(loader)
+    if before is None:
+        before = _random_states(loader)
     try:
         _set_random_states(loader, created)
         iterator = iter(loader)
         origin: _Origin = iterator._ecrl_origin
         if origin.first_draw is None and first_draw is not None:
             _set_random_states(loader, first_draw)
-        dataset_kind = sys.modules[_LOADER_MODULE]._DatasetKind
-        if iterator._num_workers == 0 and iterator._dataset_kind == dataset_kind.Map:
+        if _skips_without_loading(iterator):
             for _ in range(yielded):
                 iterator._next_index()
             iterator._num_yielded = yielded
+            if walked is not None:
+                walked.append(_loaded_aside(iterator, walk_draws))
         else:
             for _ in range(yielded):
                 next(iterator)
