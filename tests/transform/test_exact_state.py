@@ -394,14 +394,16 @@ def test_a_state_cannot_bring_code_that_no_imported_module_has() -> None:
 # iterate the restored loader for that: the loader's own torch.Generator, restored at its state
 # of the save (after the epoch's draws), shuffled anew, and loading the batches passed over
 # advanced the restored dataset's own numpy generator. Both gave another result with exit 0.
-# Now the loop's iterator is re-created from the random states it was made from (bare loader,
-# enumerate of one; without workers the sampler alone is advanced and the saved iteration's
-# batch loaded from a copy of the dataset; with workers the batches are loaded in them again).
+# Now the loop's iterator is re-created from the random states it was made from (enumerate of a
+# loader, a tqdm bar over one; without workers the sampler alone is advanced and the saved
+# iteration's batch loaded from a copy of the dataset; with workers the batches are loaded in
+# them again). The bar, live at the checkpoint, is saved and counts as in one run.
 LOADER_LOOPS = """
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 from transform import _checkpoint
 
 torch.set_num_threads(1)
@@ -437,17 +439,19 @@ for epoch in range(2):
         _checkpoint()
 for epoch in range(2):
     _iterations: 2
-    for x, y in workers:
+    bar = tqdm(workers, mininterval=0, initial=1)
+    for x, y in bar:
         _iterations: 6
         step(x, y)
         _checkpoint()
-print([round(v, 6) for v in model.weight.flatten().tolist()], i)
+    print("bar", epoch, bar.n)
+print([round(v, 6) for v in model.weight.flatten().tolist()], i, bar.n)
 """
 
 
 def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path) -> None:
     original, program, env = prepare(tmp_path, LOADER_LOOPS, "--all-hints")
-    # save 3: the enumerate loop's first epoch; 10 saves later (save 13) the worker loop's third
+    # save 3: the enumerate loop's first epoch; 10 saves later (save 13) the bar loop's third
     # batch, then its fifth (its prefetching draws from the loader's generator while the resume
     # walks: put back at the checkpoint, else its next epoch shuffles differently)
     for kill_at in ("3", "10", "2"):
@@ -455,4 +459,6 @@ def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path)
         assert killed.returncode == -9, killed.stderr
     done = kr.finish(program, cwd=program.parent, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == original_output(original, env)
+    expected = original_output(original, env)
+    assert done.stdout.startswith("bar 0 7\n") and expected.endswith(done.stdout), (
+        done.stdout, expected)

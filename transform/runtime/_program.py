@@ -21,8 +21,14 @@ from transform.runtime._exit import CheckpointError, ExitWatch
 from transform.runtime._inplace import anchor_kind, anchor_state, apply_anchor, update_container
 from transform.runtime._observe import Saved, notify
 from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
+from transform.runtime._resources import (
+    LoaderInBar,
+    bar_loader,
+    loop_iterator,
+    loop_origin,
+    resumed_loop,
+)
 from transform.runtime._resources import install as install_resources
-from transform.runtime._resources import loop_iterator, loop_origin, resumed_loop
 from transform.runtime._rng import rng_state, set_rng_state
 from transform.runtime._statefile import StateDir, StoredState, resolve_directory
 from transform.runtime._writer import SYNC_ENV, Job, StateWriter
@@ -182,7 +188,7 @@ class Activation:
 
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
-                 "pending", "levels", "replaced", "loop_iterators", "loop_settles")
+                 "pending", "levels", "replaced", "loop_iterators", "loop_settles", "bar_counts")
 
     SKIP = SKIP
 
@@ -200,6 +206,8 @@ class Activation:
         self.entry_rng: dict[int, Any] = {}
         self.loop_iterators: dict[int, weakref.ref[Any]] = {}
         """A loop's DataLoader iterator, while it lives (its random states are saved)."""
+        self.bar_counts: dict[int, int] = {}
+        """A loop over a progress bar: the bar's count as the loop began."""
         self.loop_settles: list[Callable[[], None]] = []
         """Resumed loops' loaders: their generators' states of the save, put back on arrival."""
         self.subjects: dict[int, Any] = {}
@@ -255,26 +263,46 @@ class Activation:
                                             self._seek(site, iterable, start, origin))
 
     def _entered(self, site: int, iterable: Iterable[Any]) -> Iterator[Any]:
+        self.loop_iterators.pop(site, None)
+        self.bar_counts.pop(site, None)
+        loader = bar_loader(iterable)
+        if loader is not None:
+            # a progress bar makes its loader's iterator at its first item; its count is saved
+            # as it was then (it keeps its running count to itself until the loop ends)
+            LoaderInBar(iterable, loader, seen=lambda made: self._tracked(site, made, made))
+            self.bar_counts[site] = iterable.n  # type: ignore[attr-defined]
         iterator = iter(iterable)
+        self._tracked(site, iterable, iterator)
+        return iterator
+
+    def entry_bar_count(self, site: int) -> int:
+        return int(self._payload().get("bar_counts", {}).get(site, 0))
+
+    def _tracked(self, site: int, iterable: Iterable[Any], iterator: Iterator[Any]) -> None:
         inner = loop_iterator(iterable, iterator)
         if inner is not None:
             # held weakly: a loop left by ``break`` must not keep a loader's workers alive
             self.loop_iterators[site] = weakref.ref(inner)
-        else:
-            self.loop_iterators.pop(site, None)
-        return iterator
 
     def _seek(self, site: int, iterable: Iterable[Any], start: int, saved: Any = None
               ) -> Iterator[Any]:
         if isinstance(iterable, range | list | tuple | str | bytes):
             return iter(iterable[start:])
         if saved is not None:
-            resumed = resumed_loop(iterable, saved, start)
+            loader = bar_loader(iterable)
+            resumed = resumed_loop(iterable if loader is None else loader, saved, start)
             if resumed is not None:
                 items, inner, settle = resumed
                 self.loop_iterators[site] = weakref.ref(inner)
                 self.loop_settles.append(settle)
-                return items
+                if loader is None:
+                    return items
+                # the bar counts the batches passed over, from its count when the loop began: it
+                # is given placeholders for them
+                self.bar_counts[site] = self.entry_bar_count(site)
+                iterable.n = self.bar_counts[site]  # type: ignore[attr-defined]
+                LoaderInBar(iterable, loader,
+                            items=itertools.chain(itertools.repeat(None, start), items))
         iterator = iter(iterable)
         skipped = sum(1 for _ in itertools.islice(iterator, start))
         if skipped < start:
@@ -512,6 +540,8 @@ class Activation:
             "entry_rng": {site: self.entry_rng[site] for site in info.loops
                           if site in self.entry_rng},
             "loaders": self._loop_origins(info.loops),
+            "bar_counts": {site: self.bar_counts[site] for site in info.loops
+                           if site in self.bar_counts},
             "subjects": {site: self.subjects[site] for site in info.subjects
                          if site in self.subjects},
             "counters": dict(self.counters),

@@ -56,8 +56,8 @@ import wrapt
 from transform.runtime._exit import CheckpointError
 from transform.runtime._rng import rng_state, set_rng_state
 
-__all__ = ["LoopOrigin", "install", "loop_iterator", "loop_origin", "reduce_resource",
-           "resumed_loop"]
+__all__ = ["LoaderInBar", "LoopOrigin", "bar_loader", "install", "loop_iterator", "loop_origin",
+           "reduce_resource", "resumed_loop"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
@@ -67,6 +67,7 @@ same way; the loader keeps its current iterator, which its own pickled form leav
 _OTHER_LOADER_PACKAGES = ("torchdata.",)
 """Packages whose other iterators subclass torch's but keep state the runtime does not
 re-create: refused in one line instead of pickle's own error."""
+_TQDM_UTILS = "tqdm.utils"
 _EVENTS_PREFIX = "events.out.tfevents."
 _installed = False
 
@@ -97,7 +98,18 @@ def reduce_resource(obj: Any) -> Any:
             return _reduce_loader_iterator(obj)
     elif module == _WRITER_MODULE and type(obj).__name__ == "SummaryWriter":
         return _reduce_summary_writer(obj)
+    elif module == _TQDM_UTILS and isinstance(obj, sys.modules[_TQDM_UTILS].ObjectWrapper):
+        return _wrapper_of, (type(obj), dict(vars(obj)))
     return NotImplemented
+
+
+def _wrapper_of(cls: type, attributes: dict[str, Any]) -> Any:
+    """A tqdm stream wrapper (a progress bar's ``fp``) made again without its ``__getattr__``,
+    which forwards every name to the wrapped stream and recursed for ever when pickle looked
+    for ``__setstate__`` on the empty object: every resume of a program holding a bar failed."""
+    wrapper: Any = object.__new__(cls)
+    vars(wrapper).update(attributes)
+    return wrapper
 
 
 # --------------------------------------------------------------------------- data loaders
@@ -286,6 +298,43 @@ def _enumerated(iterable: enumerate[Any]) -> tuple[Any, int]:
     reduced: Any = iterable.__reduce__()
     inner, count = reduced[1]
     return inner, int(count)
+
+
+def bar_loader(iterable: Any) -> Any:
+    """The DataLoader a ``tqdm`` progress bar iterates, or None."""
+    if not type(iterable).__module__.startswith("tqdm"):
+        return None
+    inner = getattr(iterable, "iterable", None)
+    loader_module = sys.modules.get(_LOADER_MODULE)
+    if loader_module is None or not isinstance(inner, loader_module.DataLoader):
+        return None
+    return inner
+
+
+class LoaderInBar:
+    """Stands in a progress bar for its loader until the bar starts iterating (it reads its
+    ``iterable`` at its first item), then gives the bar the loader back: iterating it gives
+    ``items`` (a resume's) or the loader's iterator, shown to ``seen``."""
+
+    def __init__(self, bar: Any, loader: Any, *, items: Iterator[Any] | None = None,
+                 seen: Callable[[Any], None] | None = None) -> None:
+        self.bar = bar
+        self.loader = loader
+        self.items = items
+        self.seen = seen
+        bar.iterable = self
+
+    def __iter__(self) -> Iterator[Any]:
+        self.bar.iterable = self.loader
+        if self.items is not None:
+            return self.items
+        iterator = iter(self.loader)
+        if self.seen is not None:
+            self.seen(iterator)
+        return iterator
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
 
 def loop_origin(iterator: Any) -> LoopOrigin | None:
