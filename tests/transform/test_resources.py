@@ -7,15 +7,24 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import pickle
+import random
 import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    TensorDataset,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from transform.runtime._exit import CheckpointError
@@ -74,7 +83,26 @@ class _OwnStatefulLoader(StatefulDataLoader):  # type: ignore[misc]
     was saved as a plain object, and every resume then failed the same way."""
 
 
+class _Buckets(Sampler[list[int]]):
+    """A batch sampler of the program's own that shuffles its batches with a ``random.Random``
+    of its own when iterated (a bucketing sampler): its state was not among those replayed."""
+
+    def __init__(self, size: int, batch: int, seed: int) -> None:
+        self.batches = [list(range(i, min(i + batch, size))) for i in range(0, size, batch)]
+        self.rng = random.Random(seed)
+
+    def __iter__(self) -> Any:
+        order = list(self.batches)
+        self.rng.shuffle(order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 LOADERS: dict[str, Callable[[], DataLoader[Any]]] = {
+    "own-batch-sampler-with-its-own-random": lambda: DataLoader(
+        _DATA, batch_sampler=_Buckets(len(_DATA), 7, 3)),
     "shuffled": lambda: DataLoader(_DATA, batch_size=7, shuffle=True),
     "infinite-with-replacement": lambda: DataLoader(
         _DATA, batch_size=7, sampler=RandomSampler(_DATA, replacement=True,
@@ -121,6 +149,25 @@ def test_a_data_loader_iterator_resumes_at_its_batch_in_its_order(kind: str,
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     # and the program's own random stream goes on as it would have
     assert torch.equal(torch.randn(4), after_expected)
+
+
+def test_a_dataset_copied_for_a_resumes_walk_shares_its_arrays_and_not_its_generators() -> None:
+    from transform.runtime._resources import _copy_sharing_arrays
+
+    class Held:
+        def __init__(self) -> None:
+            self.images = np.zeros((4, 3))
+            self.labels = torch.arange(4)
+            self.rng = np.random.default_rng(1)
+            self.scale = lambda v: v * 2
+
+    held = Held()
+    copied = _copy_sharing_arrays(held)
+    assert copied.images is held.images and copied.labels is held.labels
+    assert copied.rng is not held.rng
+    assert copied.rng.random() == held.rng.random() and copied.scale(2) == 4
+    copied.rng.random()
+    assert copied.rng.random() != held.rng.random()
 
 
 def test_a_loader_with_persistent_workers_is_refused_at_the_save() -> None:

@@ -40,17 +40,18 @@ with the value's name.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import itertools
 import os
 import pickle
+import random
 import sys
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import wrapt
 
 from transform.runtime._exit import CheckpointError
@@ -218,27 +219,56 @@ def _wrap_sampler(iterator: Any) -> None:
 
 
 def _generators(loader: Any) -> list[Any]:
-    """The torch generators a loader's order can draw from: its own and its samplers'."""
+    """The random generators a loader's order can draw from: torch generators of the loader and
+    of its samplers, and any random generator a sampler keeps in an attribute (a sampler of the
+    program's own with a ``random.Random``, a NumPy generator or a torch generator)."""
     torch = sys.modules["torch"]
+    np = sys.modules.get("numpy")
+    kinds: tuple[type, ...] = (torch.Generator, random.Random)
+    if np is not None:
+        kinds += (np.random.Generator, np.random.RandomState)
     found: list[Any] = []
-    for holder in (loader, getattr(loader, "sampler", None),
-                   getattr(loader, "batch_sampler", None),
-                   getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        generator = getattr(holder, "generator", None)
-        if isinstance(generator, torch.Generator) and all(g is not generator for g in found):
-            found.append(generator)
+
+    def add(value: Any) -> None:
+        if isinstance(value, kinds) and all(g is not value for g in found):
+            found.append(value)
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    add(getattr(loader, "generator", None))
+    for holder in (getattr(loader, "sampler", None), batch_sampler,
+                   getattr(batch_sampler, "sampler", None)):
+        add(getattr(holder, "generator", None))
+        for name in sorted(getattr(holder, "__dict__", {})):
+            add(vars(holder)[name])
     return found
 
 
+def _generator_state(generator: Any) -> Any:
+    if isinstance(generator, random.Random):
+        return generator.getstate()
+    if hasattr(generator, "bit_generator"):  # numpy's Generator
+        return generator.bit_generator.state
+    return generator.get_state()  # torch's Generator, numpy's RandomState
+
+
+def _set_generator_state(generator: Any, state: Any) -> None:
+    if isinstance(generator, random.Random):
+        generator.setstate(state)
+    elif hasattr(generator, "bit_generator"):
+        generator.bit_generator.state = state
+    else:
+        generator.set_state(state)
+
+
 def _random_states(loader: Any) -> tuple[Any, Any]:
-    return rng_state(), [g.get_state() for g in _generators(loader)]
+    return rng_state(), [_generator_state(g) for g in _generators(loader)]
 
 
 def _set_random_states(loader: Any, states: tuple[Any, Any]) -> None:
     global_state, generator_states = states
     set_rng_state(global_state)
     for generator, state in zip(_generators(loader), generator_states, strict=True):
-        generator.set_state(state)
+        _set_generator_state(generator, state)
 
 
 def _recipe(iterator: Any) -> tuple[Any, tuple[Any, Any], tuple[Any, Any] | None, int]:
@@ -417,7 +447,7 @@ def _loaded_aside(iterator: Any, draws: dict[str, Any] | None) -> Any:
     dataset = fetcher.dataset
     # not copyable (an open file, a lock): loaded from itself, as a plain fast-forward would
     with contextlib.suppress(Exception):
-        fetcher.dataset = copy.deepcopy(dataset)
+        fetcher.dataset = _copy_sharing_arrays(dataset)
     try:
         data = fetcher.fetch(index)
     finally:
@@ -427,6 +457,32 @@ def _loaded_aside(iterator: Any, draws: dict[str, Any] | None) -> Any:
         pin = sys.modules["torch.utils.data._utils.pin_memory"]
         data = pin.pin_memory(data, iterator._pin_memory_device)
     return data
+
+
+def _copy_sharing_arrays(obj: Any) -> Any:
+    """A copy of ``obj`` whose NumPy arrays and torch tensors are the original's: a data set
+    held in memory is not copied (loading a batch reads its arrays; what it changes is the
+    state of its Python objects, such as a random generator)."""
+    kinds = tuple(kind for kind in (getattr(sys.modules.get("numpy"), "ndarray", None),
+                                    getattr(sys.modules.get("torch"), "Tensor", None))
+                  if kind is not None)
+    shared: list[Any] = []
+
+    class Sharing(cloudpickle.Pickler):
+        def persistent_id(self, value: Any) -> int | None:
+            if isinstance(value, kinds):
+                shared.append(value)
+                return len(shared) - 1
+            return None
+
+    class Sharer(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            return shared[pid]
+
+    buffer = io.BytesIO()
+    Sharing(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    buffer.seek(0)
+    return Sharer(buffer).load()
 
 
 def _reduce_loader_iterator(iterator: Any) -> Any:
