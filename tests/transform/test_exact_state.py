@@ -399,10 +399,11 @@ def test_a_state_cannot_bring_code_that_no_imported_module_has() -> None:
 # iteration's batch loaded from a copy of the dataset; with workers the batches are loaded in
 # them again). The bar, live at the checkpoint, is saved and counts as in one run.
 LOADER_LOOPS = """
+import random
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 from transform import _checkpoint
 
@@ -445,6 +446,29 @@ for epoch in range(2):
         step(x, y)
         _checkpoint()
     print("bar", epoch, bar.n)
+
+class Buckets(Sampler):
+    def __init__(self, size, seed):
+        self.batches = [list(range(k, k + 8)) for k in range(0, size, 8)]
+        self.rng = random.Random(seed)
+    def __iter__(self):
+        order = list(self.batches)
+        self.rng.shuffle(order)
+        return iter(order)
+    def __len__(self):
+        return len(self.batches)
+
+def as_float(*loaders):
+    for batches in zip(*loaders):
+        yield [(x.float(), y.float()) for x, y in batches]
+
+buckets = DataLoader(Noisy(4, 40), batch_sampler=Buckets(40, 8))
+for epoch in range(2):
+    _iterations: 2
+    for (x, y), (x2, y2) in as_float(own, buckets):
+        _iterations: 5
+        step(torch.cat([x, x2]), torch.cat([y, y2]))
+        _checkpoint()
 print([round(v, 6) for v in model.weight.flatten().tolist()], i, bar.n)
 """
 
@@ -453,12 +477,17 @@ def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path)
     original, program, env = prepare(tmp_path, LOADER_LOOPS, "--all-hints")
     # save 3: the enumerate loop's first epoch; 10 saves later (save 13) the bar loop's third
     # batch, then its fifth (its prefetching draws from the loader's generator while the resume
-    # walks: put back at the checkpoint, else its next epoch shuffles differently)
-    for kill_at in ("3", "10", "2"):
+    # walks: put back at the checkpoint, else its next epoch shuffles differently); then 8 saves
+    # later (save 25) the third batch of zip(own, buckets) through a generator of the program's
+    printed = ""
+    for kill_at in ("3", "10", "2", "8"):
         killed = kr.inject(program, kill_at, cwd=program.parent, env=env)
         assert killed.returncode == -9, killed.stderr
+        printed = killed.stdout
+    # the last killed attempt finished both bar epochs, the first resumed: each counted 1 + 6
+    assert printed == "bar 0 7\nbar 1 7\n", printed
     done = kr.finish(program, cwd=program.parent, env=env)
     assert done.returncode == 0, done.stderr
     expected = original_output(original, env)
-    assert done.stdout.startswith("bar 0 7\n") and expected.endswith(done.stdout), (
+    assert done.stdout.count("\n") == 1 and expected.endswith(printed + done.stdout), (
         done.stdout, expected)

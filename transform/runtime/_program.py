@@ -23,6 +23,7 @@ from transform.runtime._observe import Saved, notify
 from transform.runtime._pickling import BlobMemo, dumps, loads, set_program
 from transform.runtime._resources import (
     LoaderInBar,
+    LoopWindow,
     bar_loader,
     loop_iterator,
     loop_origin,
@@ -188,7 +189,8 @@ class Activation:
 
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
-                 "pending", "levels", "replaced", "loop_iterators", "loop_settles", "bar_counts")
+                 "pending", "levels", "replaced", "loop_iterators", "loop_settles", "bar_counts",
+                 "loop_windows")
 
     SKIP = SKIP
 
@@ -206,6 +208,8 @@ class Activation:
         self.entry_rng: dict[int, Any] = {}
         self.loop_iterators: dict[int, weakref.ref[Any]] = {}
         """A loop's DataLoader iterator, while it lives (its random states are saved)."""
+        self.loop_windows: dict[int, LoopWindow] = {}
+        """Per loop, the DataLoader iterators made as it began (:class:`LoopWindow`)."""
         self.bar_counts: dict[int, int] = {}
         """A loop over a progress bar: the bar's count as the loop began."""
         self.loop_settles: list[Callable[[], None]] = []
@@ -245,11 +249,14 @@ class Activation:
     def loop(self, site: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
         """Wrap a ``for`` loop's iterable: track its position, or restart it at the saved one."""
         if self.run:
-            if site not in self.program.plan.ranges:
-                # The iterable may draw random numbers when it is created or iterated (a
-                # shuffling loader): a fast-forward replays them from this state.
-                self.entry_rng[site] = rng_state()
-            return lambda iterable: self._track(site, iterable, 0, self._entered(site, iterable))
+            if site in self.program.plan.ranges:
+                return lambda iterable: self._track(site, iterable, 0, iter(iterable))
+            # The iterable may draw random numbers when it is created or iterated (a
+            # shuffling loader): a fast-forward replays them from this state.
+            self.entry_rng[site] = rng_state()
+            window = self.loop_windows[site] = LoopWindow()
+            return lambda iterable: self._track(site, iterable, 0, self._entered(site, iterable),
+                                                window)
         if self.target not in self.program.sites.get(site, ()):
             return lambda iterable: iter(())
         payload = self._payload()
@@ -259,8 +266,12 @@ class Activation:
             set_rng_state(entry_state)
             self.entry_rng[site] = entry_state
         origin = payload.get("loaders", {}).get(site)
+        resumed: LoopWindow | None = None
+        if site not in self.program.plan.ranges:
+            resumed = self.loop_windows[site] = LoopWindow(
+                None if origin is not None else payload.get("windows", {}).get(site))
         return lambda iterable: self._track(site, iterable, start,
-                                            self._seek(site, iterable, start, origin))
+                                            self._seek(site, iterable, start, origin), resumed)
 
     def _entered(self, site: int, iterable: Iterable[Any]) -> Iterator[Any]:
         self.loop_iterators.pop(site, None)
@@ -313,11 +324,18 @@ class Activation:
         return iterator
 
     def _track(self, site: int, iterable: Iterable[Any], start: int,
-               iterator: Iterator[Any]) -> Iterator[Any]:
+               iterator: Iterator[Any], window: LoopWindow | None = None) -> Iterator[Any]:
         index = self.index
         for i, item in enumerate(iterator, start):
+            if window is not None:
+                # the loop has begun: the loaders it draws from are made
+                window.close()
+                self.loop_settles.extend(window.settles)
+                window = None
             index[site] = i
             yield item
+        if window is not None:  # an empty loop
+            window.close()
 
     def subject(self, site: int, value: Any) -> Any:
         """A ``match`` subject: kept, so resuming matches the same case."""
@@ -540,6 +558,8 @@ class Activation:
             "entry_rng": {site: self.entry_rng[site] for site in info.loops
                           if site in self.entry_rng},
             "loaders": self._loop_origins(info.loops),
+            "windows": {site: self.loop_windows[site].origins() for site in info.loops
+                        if site in self.loop_windows and site not in self.loop_iterators},
             "bar_counts": {site: self.bar_counts[site] for site in info.loops
                            if site in self.bar_counts},
             "subjects": {site: self.subjects[site] for site in info.subjects

@@ -49,7 +49,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import cloudpickle
 import wrapt
@@ -57,8 +57,8 @@ import wrapt
 from transform.runtime._exit import CheckpointError
 from transform.runtime._rng import rng_state, set_rng_state
 
-__all__ = ["LoaderInBar", "LoopOrigin", "bar_loader", "install", "loop_iterator", "loop_origin",
-           "reduce_resource", "resumed_loop"]
+__all__ = ["LoaderInBar", "LoopOrigin", "LoopWindow", "bar_loader", "install", "loop_iterator",
+           "loop_origin", "reduce_resource", "resumed_loop"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
@@ -159,11 +159,14 @@ class _FirstDraw:
     """Wraps an iterator's sampler iterator: records the random states at its first ``next``
     (when a shuffling sampler draws its seed), then only passes items on."""
 
-    __slots__ = ("inner", "origin")
+    __slots__ = ("inner", "origin", "before_first")
 
     def __init__(self, inner: Iterator[Any], origin: _Origin) -> None:
         self.inner = inner
         self.origin = origin
+        self.before_first: Callable[[], None] | None = None
+        """Called just before the first draw: a re-created iterator (:class:`LoopWindow`) sets
+        its loader's generator states and its dataset then, once the iterator is complete."""
 
     def __iter__(self) -> _FirstDraw:
         return self
@@ -171,6 +174,9 @@ class _FirstDraw:
     def __next__(self) -> Any:
         origin = self.origin
         if origin.first_draw is None:
+            if self.before_first is not None:
+                self.before_first()
+                self.before_first = None
             origin.first_draw = _random_states(origin.loader)
         item = next(self.inner)
         if origin.tracked:
@@ -187,6 +193,78 @@ class _FirstDraw:
         return getattr(self.inner, name)
 
 
+class LoopWindow:
+    """The DataLoader iterators made while a ``for`` loop begins (from its start to its first
+    item), other than the loader, ``enumerate`` or ``tqdm`` bar the loop itself iterates
+    (:func:`resumed_loop`): those of ``zip(a, b)``, of a generator of the program's, of any
+    wrapper. A run notes them; a save keeps how each was made (:func:`loop_origin`); the
+    resume's window re-creates them in the same order from those random states, as they are
+    made again by the fast-forward, and their batches are loaded from a copy of the dataset
+    until the resume reaches its checkpoint (:meth:`settle`), when the loaders' generators are
+    put back to their states of the save and the datasets their loads go on from are the
+    restored ones. Without this the fast-forward iterated the restored loaders: a loader with
+    its own generator shuffled anew, and the batches passed over advanced a dataset's own
+    random state (wrong results with exit 0)."""
+
+    current: ClassVar[LoopWindow | None] = None
+
+    def __init__(self, replay: list[LoopOrigin | None] | None = None) -> None:
+        self.made: list[weakref.ref[Any]] = []
+        self.replay: list[Any] = list(replay or [])
+        self.settles: list[Callable[[], None]] = []
+        LoopWindow.current = self
+
+    def close(self) -> None:
+        if LoopWindow.current is self:
+            LoopWindow.current = None
+        self.replay = []
+
+    def origins(self) -> list[LoopOrigin | None]:
+        """How each iterator the window saw was made, while it lives (None: gone, or one that
+        resumes otherwise: a loader that keeps its iterator)."""
+        found: list[LoopOrigin | None] = []
+        for ref in self.made:
+            iterator = ref()
+            origin: _Origin | None = getattr(iterator, "_ecrl_origin", None)
+            keeps = origin is None or origin.loader is None or origin.from_loaded_state \
+                or _keeps_its_iterator(origin.loader)
+            found.append(None if keeps else loop_origin(iterator))
+        return found
+
+    def replayed(self, iterator: Any, saved: LoopOrigin | None, before: tuple[Any, Any]
+                 ) -> None:
+        """``iterator`` was just made again under the generator states it was made under."""
+        if saved is None:
+            return
+        first_draw = saved[1]
+        loader = iterator._ecrl_origin.loader
+        made = weakref.ref(iterator)  # the iterator holds what is called at its first draw
+        swapped: list[tuple[Any, Any]] = []
+
+        def before_first() -> None:
+            if first_draw is not None:
+                _set_generator_states(loader, first_draw[1])
+            current: Any = made()
+            fetcher = getattr(current, "_dataset_fetcher", None)  # made after the base class
+            if fetcher is not None and current._num_workers == 0:
+                real = fetcher.dataset
+                # not copyable (an open file, a lock): loaded from itself, as before
+                with contextlib.suppress(Exception):
+                    fetcher.dataset = _copy_sharing_arrays(real)
+                    swapped.append((fetcher, real))
+
+        sampler_iter = getattr(iterator, "_sampler_iter", None)
+        if isinstance(sampler_iter, _FirstDraw) and iterator._ecrl_origin.first_draw is None:
+            sampler_iter.before_first = before_first
+
+        def settle() -> None:
+            _set_generator_states(loader, before[1])
+            for fetcher, real in swapped:
+                fetcher.dataset = real
+
+        self.settles.append(settle)
+
+
 def _observe_loader_iterators(module: Any) -> None:
     base = module._BaseDataLoaderIter
 
@@ -194,10 +272,20 @@ def _observe_loader_iterators(module: Any) -> None:
     def _init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> Any:
         loader = args[0] if args else kwargs["loader"]
+        window = LoopWindow.current
+        replay = window.replay.pop(0) if window is not None and window.replay else None
+        before = None
+        if replay is not None:
+            before = _random_states(loader)
+            _set_generator_states(loader, replay[0][1])
         origin = _Origin(loader, _random_states(loader))
         instance._ecrl_origin = origin
         result = wrapped(*args, **kwargs)
         _wrap_sampler(instance)
+        if window is not None:
+            window.made.append(weakref.ref(instance))
+            if replay is not None and before is not None:
+                window.replayed(instance, replay, before)
         return result
 
     @wrapt.patch_function_wrapper(base, "_reset")
@@ -267,6 +355,10 @@ def _random_states(loader: Any) -> tuple[Any, Any]:
 def _set_random_states(loader: Any, states: tuple[Any, Any]) -> None:
     global_state, generator_states = states
     set_rng_state(global_state)
+    _set_generator_states(loader, generator_states)
+
+
+def _set_generator_states(loader: Any, generator_states: list[Any]) -> None:
     for generator, state in zip(_generators(loader), generator_states, strict=True):
         _set_generator_state(generator, state)
 
