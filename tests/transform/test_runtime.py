@@ -112,6 +112,54 @@ def test_other_iterables_are_fast_forwarded_from_their_random_state(tmp_path: Pa
     assert resume_after(program, env, kill_at) == original_output(original, env)
 
 
+# A loop over an iterator the program holds (``it = iter(...)``, a first item taken, then
+# ``for x in it``): the iterator is saved with the program's values, so it comes back past the
+# saved iteration's item. The fast-forward skipped that many items again (a wrong result with
+# exit 0, or a refusal that the loop ended early); now the item is saved and given back.
+@pytest.mark.parametrize(("loop", "kill_at"), [("for x in it:", "3"),
+                                               ("for x in it:", "1"),
+                                               ("for k, x in enumerate(it, 7):", "12")])
+def test_a_loop_over_a_saved_iterator_resumes_where_it_stood(tmp_path: Path, loop: str,
+                                                             kill_at: str) -> None:
+    source = f"""
+from transform import _checkpoint
+
+data = list(range(20))
+it = iter(data)
+head = next(it)
+total = k = 0
+{loop}
+    _iterations: 19
+    total = (total * 3 + x + k) % 1000003
+    _checkpoint()
+print(head, total)
+"""
+    original, program, env = prepare(tmp_path, source, "--all-hints")
+    assert resume_after(program, env, kill_at) == original_output(original, env)
+
+
+def test_a_saved_iterator_iterated_through_zip_is_refused_at_the_first_save(
+        tmp_path: Path) -> None:
+    source = """
+from transform import _checkpoint
+
+it = iter(range(20))
+total = 0
+for x, y in zip(it, range(20)):
+    _iterations: 20
+    total += x * y
+    _checkpoint()
+print(total)
+"""
+    _, program, env = prepare(tmp_path, source, "--all-hints")
+    done = kr.finish(program, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "ecrl-transform: original.py:9: cannot save this checkpoint: its loop iterates a saved "
+        "iterator through zip(), which the resume cannot put back where it stood; iterate the "
+        "iterator itself, or the loader or sequence it comes from"), done.stderr
+
+
 UNSAVEABLE = """
 from transform import _checkpoint
 

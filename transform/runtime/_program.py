@@ -25,6 +25,7 @@ from transform.runtime._resources import (
     LoaderInBar,
     LoopWindow,
     bar_loader,
+    enumerated,
     loop_iterator,
     loop_origin,
     resumed_loop,
@@ -190,7 +191,7 @@ class Activation:
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
                  "pending", "levels", "replaced", "loop_iterators", "loop_settles", "bar_counts",
-                 "loop_windows")
+                 "loop_windows", "loop_iterables", "loop_items")
 
     SKIP = SKIP
 
@@ -208,6 +209,10 @@ class Activation:
         self.entry_rng: dict[int, Any] = {}
         self.loop_iterators: dict[int, weakref.ref[Any]] = {}
         """A loop's DataLoader iterator, while it lives (its random states are saved)."""
+        self.loop_iterables: dict[int, Any] = {}
+        self.loop_items: dict[int, Any] = {}
+        """A running loop's iterable and current item: an iterator that is itself saved comes
+        back where it stood, so its resume is given that item back instead of skipping."""
         self.loop_windows: dict[int, LoopWindow] = {}
         """Per loop, the DataLoader iterators made as it began (:class:`LoopWindow`)."""
         self.bar_counts: dict[int, int] = {}
@@ -274,6 +279,7 @@ class Activation:
                                             self._seek(site, iterable, start, origin), resumed)
 
     def _entered(self, site: int, iterable: Iterable[Any]) -> Iterator[Any]:
+        self.loop_iterables[site] = iterable
         self.loop_iterators.pop(site, None)
         self.bar_counts.pop(site, None)
         loader = bar_loader(iterable)
@@ -299,6 +305,17 @@ class Activation:
               ) -> Iterator[Any]:
         if isinstance(iterable, range | list | tuple | str | bytes):
             return iter(iterable[start:])
+        positioned = self._payload().get("positioned", {})
+        if site in positioned:
+            # the iterator was saved with the program's values: restored where it stood, past
+            # the saved iteration's item, which is given back for the walk
+            kind, item = positioned[site]
+            self.loop_iterables[site] = iterable
+            if kind == "enumerate":
+                inner = enumerated(iterable)[0]  # type: ignore[arg-type]
+                iterable = enumerate(inner, item[0] + 1)
+                self.loop_iterables[site] = iterable
+            return itertools.chain((item,), iter(iterable))
         if saved is not None:
             loader = bar_loader(iterable)
             resumed = resumed_loop(iterable if loader is None else loader, saved, start)
@@ -326,16 +343,22 @@ class Activation:
     def _track(self, site: int, iterable: Iterable[Any], start: int,
                iterator: Iterator[Any], window: LoopWindow | None = None) -> Iterator[Any]:
         index = self.index
-        for i, item in enumerate(iterator, start):
-            if window is not None:
-                # the loop has begun: the loaders it draws from are made
+        items = self.loop_items
+        try:
+            for i, item in enumerate(iterator, start):
+                if window is not None:
+                    # the loop has begun: the loaders it draws from are made
+                    window.close()
+                    self.loop_settles.extend(window.settles)
+                    window = None
+                index[site] = i
+                items[site] = item
+                yield item
+        finally:
+            if window is not None:  # an empty loop
                 window.close()
-                self.loop_settles.extend(window.settles)
-                window = None
-            index[site] = i
-            yield item
-        if window is not None:  # an empty loop
-            window.close()
+            items.pop(site, None)
+            self.loop_iterables.pop(site, None)
 
     def subject(self, site: int, value: Any) -> Any:
         """A ``match`` subject: kept, so resuming matches the same case."""
@@ -560,6 +583,7 @@ class Activation:
             "loaders": self._loop_origins(info.loops),
             "windows": {site: self.loop_windows[site].origins() for site in info.loops
                         if site in self.loop_windows and site not in self.loop_iterators},
+            "positioned": self._positioned(info, levels),
             "bar_counts": {site: self.bar_counts[site] for site in info.loops
                            if site in self.bar_counts},
             "subjects": {site: self.subjects[site] for site in info.subjects
@@ -581,6 +605,32 @@ class Activation:
             "anchors": {json.dumps(list(t)): k for t, k in _token_kinds(anchors, values)},
         }
         program.write(header, dumped.data, dumped.blobs)
+
+    def _positioned(self, info: HintSpec, levels: list[dict[str, Any]]) -> dict[int, Any]:
+        """Per loop of the hint over an iterator that is itself saved (``for x in it``, also
+        ``enumerate(it)``), the iteration's item: the iterator comes back past it. One iterated
+        through another wrapper the loop makes (``zip(it, ys)``) would be skipped twice:
+        refused."""
+        saved = {id(value) for level in levels for value in level.values()}
+        found: dict[int, Any] = {}
+        for site in info.loops:
+            iterable = self.loop_iterables.get(site)
+            if iterable is None or site not in self.loop_items:
+                continue
+            if id(iterable) in saved and hasattr(iterable, "__next__"):
+                found[site] = ("iterator", self.loop_items[site])
+            elif type(iterable) is enumerate and id(enumerated(iterable)[0]) in saved \
+                    and hasattr(enumerated(iterable)[0], "__next__"):
+                found[site] = ("enumerate", self.loop_items[site])
+            elif type(iterable) in (enumerate, zip, map, filter):
+                inner = iterable.__reduce__()[1]
+                if any(id(part) in saved for part in inner if hasattr(part, "__next__")):
+                    raise CheckpointError(
+                        f"{self.program.where(info.line)}: cannot save this checkpoint: its loop "
+                        f"iterates a saved iterator through {type(iterable).__name__}(), which "
+                        "the resume cannot put back where it stood; iterate the iterator "
+                        "itself, or the loader or sequence it comes from")
+        return found
 
     def _loop_origins(self, loops: Iterable[int]) -> dict[int, Any]:
         """Per loop of the hint over a DataLoader, the random states its iterator was made

@@ -57,8 +57,8 @@ import wrapt
 from transform.runtime._exit import CheckpointError
 from transform.runtime._rng import rng_state, set_rng_state
 
-__all__ = ["LoaderInBar", "LoopOrigin", "LoopWindow", "bar_loader", "install", "loop_iterator",
-           "loop_origin", "reduce_resource", "resumed_loop"]
+__all__ = ["LoaderInBar", "LoopOrigin", "LoopWindow", "bar_loader", "enumerated", "install",
+           "loop_iterator", "loop_origin", "reduce_resource", "resumed_loop"]
 
 _LOADER_MODULE = "torch.utils.data.dataloader"
 _WRITER_MODULE = "torch.utils.tensorboard.writer"
@@ -402,7 +402,7 @@ def loop_iterator(iterable: Any, iterator: Any) -> Any:
     one) draws from, marked to be re-created on resume (:func:`resumed_loop`); None for any
     other iterable, and for a loader that keeps its iterator (``StatefulDataLoader``, persistent
     workers), which resumes through its own state."""
-    inner = _enumerated(iterable)[0] if type(iterable) is enumerate else iterator
+    inner = enumerated(iterable)[0] if type(iterable) is enumerate else iterator
     origin: _Origin | None = getattr(inner, "_ecrl_origin", None)
     if origin is None or origin.from_loaded_state:
         return None
@@ -415,7 +415,7 @@ def loop_iterator(iterable: Any, iterator: Any) -> Any:
     return inner
 
 
-def _enumerated(iterable: enumerate[Any]) -> tuple[Any, int]:
+def enumerated(iterable: enumerate[Any]) -> tuple[Any, int]:
     """The iterator an ``enumerate`` draws from, and its next count."""
     reduced: Any = iterable.__reduce__()
     inner, count = reduced[1]
@@ -490,7 +490,7 @@ def resumed_loop(iterable: Any, saved: LoopOrigin, position: int
     base = sys.modules[_LOADER_MODULE].DataLoader
     count = 0
     if type(iterable) is enumerate:
-        premature, count = _enumerated(iterable)
+        premature, count = enumerated(iterable)
         origin: _Origin | None = getattr(premature, "_ecrl_origin", None)
         if origin is None or origin.loader is None:
             return None
