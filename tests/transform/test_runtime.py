@@ -138,6 +138,29 @@ print(head, total)
     assert resume_after(program, env, kill_at) == original_output(original, env)
 
 
+def test_a_file_the_resume_opens_again_is_read_on_from_where_the_loop_began(
+        tmp_path: Path) -> None:
+    # The ``with`` opens the file again on resume; the header line read before the loop is not
+    # read again (the walk skips it), so the loop's fast-forward counted lines one early.
+    (tmp_path / "data.txt").write_text("header\n" + "".join(f"{i * 7 % 13}\n" for i in range(30)))
+    source = """
+from transform import _checkpoint
+
+total = 0
+with open("data.txt") as fh:
+    header = fh.readline()
+    for line in fh:
+        _iterations: 30
+        total = (total * 5 + int(line)) % 100003
+        _checkpoint()
+print(header.strip(), total)
+"""
+    original, program, env = prepare(tmp_path, source, "--all-hints")
+    killed = kr.inject(program, "4", cwd=tmp_path, env=env)
+    assert killed.returncode == -9, killed.stderr
+    assert resume_after(program, env, "3") == original_output(original, env)
+
+
 def test_a_saved_iterator_iterated_through_zip_is_refused_at_the_first_save(
         tmp_path: Path) -> None:
     source = """

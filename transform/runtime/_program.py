@@ -5,6 +5,7 @@ See :mod:`transform.runtime` for the protocol between the generated code and thi
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -191,7 +192,7 @@ class Activation:
     __slots__ = ("run", "program", "region", "entry", "target", "state", "counters", "index",
                  "entry_rng", "subjects", "values", "entry_objects", "is_module", "marked",
                  "pending", "levels", "replaced", "loop_iterators", "loop_settles", "bar_counts",
-                 "loop_windows", "loop_iterables", "loop_items")
+                 "loop_windows", "loop_iterables", "loop_items", "file_starts")
 
     SKIP = SKIP
 
@@ -213,6 +214,8 @@ class Activation:
         self.loop_items: dict[int, Any] = {}
         """A running loop's iterable and current item: an iterator that is itself saved comes
         back where it stood, so its resume is given that item back instead of skipping."""
+        self.file_starts: dict[int, int] = {}
+        """A loop over an open file: where the file stood as the loop began."""
         self.loop_windows: dict[int, LoopWindow] = {}
         """Per loop, the DataLoader iterators made as it began (:class:`LoopWindow`)."""
         self.bar_counts: dict[int, int] = {}
@@ -280,6 +283,11 @@ class Activation:
 
     def _entered(self, site: int, iterable: Iterable[Any]) -> Iterator[Any]:
         self.loop_iterables[site] = iterable
+        self.file_starts.pop(site, None)
+        if isinstance(iterable, io.IOBase) and not iterable.closed and iterable.seekable():
+            # a file the resume opens again (a ``with`` re-entered) but does not read again up
+            # to here (a header line taken before the loop): its position as the loop began
+            self.file_starts[site] = iterable.tell()
         self.loop_iterators.pop(site, None)
         self.bar_counts.pop(site, None)
         loader = bar_loader(iterable)
@@ -316,6 +324,10 @@ class Activation:
                 iterable = enumerate(inner, item[0] + 1)
                 self.loop_iterables[site] = iterable
             return itertools.chain((item,), iter(iterable))
+        file_start = self._payload().get("file_starts", {}).get(site)
+        if file_start is not None and hasattr(iterable, "seek"):
+            iterable.seek(file_start)
+            self.file_starts[site] = file_start
         if saved is not None:
             loader = bar_loader(iterable)
             resumed = resumed_loop(iterable if loader is None else loader, saved, start)
@@ -328,7 +340,8 @@ class Activation:
                 # the bar counts the batches passed over, from its count when the loop began: it
                 # is given placeholders for them
                 self.bar_counts[site] = self.entry_bar_count(site)
-                iterable.n = self.bar_counts[site]  # type: ignore[attr-defined]
+                bar: Any = iterable
+                bar.n = self.bar_counts[site]
                 LoaderInBar(iterable, loader,
                             items=itertools.chain(itertools.repeat(None, start), items))
         iterator = iter(iterable)
@@ -584,6 +597,8 @@ class Activation:
             "windows": {site: self.loop_windows[site].origins() for site in info.loops
                         if site in self.loop_windows and site not in self.loop_iterators},
             "positioned": self._positioned(info, levels),
+            "file_starts": {site: self.file_starts[site] for site in info.loops
+                            if site in self.file_starts},
             "bar_counts": {site: self.bar_counts[site] for site in info.loops
                            if site in self.bar_counts},
             "subjects": {site: self.subjects[site] for site in info.subjects
