@@ -114,18 +114,20 @@ def _child(case: dict[str, Any]) -> dict[str, float]:
 def run(*, quick: bool, progress: Progress) -> BenchResult:
     sizes = [10**6, 10**10] if quick else [10**6, 10**8, 10**10]
     repeats = 3 if quick else 7
+    # --quick (a smoke run) measures in this process: one torch import instead of six
+    measure = _measure if quick else _child
     rows: list[BenchRow] = []
     first_window: dict[int, dict[str, float]] = {}
     for d in sizes:
         progress(f"first window, D={d:.0e}: ecrl")
-        ours = _child({"d": d, "kind": "ecrl-window", "repeats": repeats})
+        ours = measure({"d": d, "kind": "ecrl-window", "repeats": repeats})
         first_window[d] = ours
         # randperm(D) needs 8·D bytes for the int64 result plus its workspace.
         fits = 8 * d * 2 < MEMORY_GIB * 2**30 // 2
         theirs = None
         if fits:
             progress(f"first window, D={d:.0e}: torch.randperm")
-            theirs = _child({"d": d, "kind": "randperm-window", "repeats": min(repeats, 3)})
+            theirs = measure({"d": d, "kind": "randperm-window", "repeats": min(repeats, 3)})
         note = "" if fits else f"randperm({d:.0e}) needs {16 * d / 2**30:.0f} GiB: skipped"
         rows.append(BenchRow(
             candidate="ecrl window", alternative="randperm+slice",
@@ -140,8 +142,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
 
     epoch_d = 10**6 if quick else 10**7
     progress(f"whole epoch, D={epoch_d:.0e}")
-    ours_epoch = _child({"d": epoch_d, "kind": "ecrl-epoch", "repeats": 3})
-    theirs_epoch = _child({"d": epoch_d, "kind": "randperm-epoch", "repeats": 3})
+    ours_epoch = measure({"d": epoch_d, "kind": "ecrl-epoch", "repeats": 3})
+    theirs_epoch = measure({"d": epoch_d, "kind": "randperm-epoch", "repeats": 3})
     n = (epoch_d // BATCH) * BATCH
     ours_rate = n / ours_epoch["seconds"]
     rows.append(BenchRow(
@@ -151,7 +153,7 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
         alternative_value=n / theirs_epoch["seconds"] / 1e6))
     steps = 200 if quick else 2000
     progress(f"step by step, {steps} steps")
-    ours_steps = _child({"d": 10**8, "kind": "ecrl-steps", "repeats": 3, "steps": steps})
+    ours_steps = measure({"d": 10**8, "kind": "ecrl-steps", "repeats": 3, "steps": steps})
     step_rate = steps * BATCH / ours_steps["seconds"]
     rows.append(BenchRow(
         candidate="ecrl SamplerState.iter_shards", alternative="randperm epoch + slices",
@@ -176,7 +178,8 @@ def run(*, quick: bool, progress: Progress) -> BenchResult:
     return BenchResult(
         name="sampler", command=command_line(), rows=rows, targets=targets,
         notes=[f"one thread for both (torch.set_num_threads(1)); B={BATCH}; each cell is the "
-               "median of repeated runs in a fresh child process"])
+               "median of repeated runs in a fresh child process"
+               + (" (--quick: all in this process)" if quick else "")])
 
 
 if __name__ == "__main__":
