@@ -478,7 +478,7 @@ def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path)
     # save 3: the enumerate loop's first epoch; 10 saves later (save 13) the bar loop's third
     # batch, then its fifth (its prefetching draws from the loader's generator while the resume
     # walks: put back at the checkpoint, else its next epoch shuffles differently); then 8 saves
-    # later (save 25) the third batch of zip(own, buckets) through a generator of the program's
+    # later (save 23) the first batch of zip(own, buckets) through a generator of the program's
     printed = ""
     for kill_at in ("3", "10", "2", "8"):
         killed = kr.inject(program, kill_at, cwd=program.parent, env=env)
