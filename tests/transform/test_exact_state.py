@@ -491,3 +491,34 @@ def test_loops_over_loaders_with_their_own_random_state_resume_exactly(tmp_path)
     expected = original_output(original, env)
     assert done.stdout.count("\n") == 1 and expected.endswith(printed + done.stdout), (
         done.stdout, expected)
+
+
+# The loaders a loop makes as it begins are re-created from their saved states in the order the
+# resumed program makes them: made in another order (here the order depends on the environment,
+# which changed between the attempts), a saved state would reach the wrong loader. Refused.
+LOADERS_IN_ANOTHER_ORDER = """
+import os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from transform import _checkpoint
+
+a = DataLoader(TensorDataset(torch.arange(24.0)), batch_size=4, shuffle=True,
+               generator=torch.Generator().manual_seed(1))
+b = DataLoader(TensorDataset(torch.arange(32.0)), batch_size=4, shuffle=True,
+               generator=torch.Generator().manual_seed(2))
+total = 0.0
+for (x,), (y,) in zip(*((b, a) if os.environ.get("FLIP") else (a, b))):
+    _iterations: 6
+    total += float(x.sum() - y.sum())
+    _checkpoint()
+print(total)
+"""
+
+
+def test_loaders_made_again_in_another_order_are_refused(tmp_path) -> None:
+    _, program, env = prepare(tmp_path, LOADERS_IN_ANOTHER_ORDER, "--all-hints")
+    killed = kr.inject(program, "3", cwd=program.parent, env=env)
+    assert killed.returncode == -9, killed.stderr
+    done = kr.finish(program, cwd=program.parent, env={**env, "FLIP": "1"})
+    assert done.returncode == 1
+    assert "makes its DataLoader iterators in another order" in done.stderr, done.stderr

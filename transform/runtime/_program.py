@@ -300,7 +300,7 @@ class Activation:
         self._tracked(site, iterable, iterator)
         return iterator
 
-    def entry_bar_count(self, site: int) -> int:
+    def _entry_bar_count(self, site: int) -> int:
         return int(self._payload().get("bar_counts", {}).get(site, 0))
 
     def _tracked(self, site: int, iterable: Iterable[Any], iterator: Iterator[Any]) -> None:
@@ -339,7 +339,7 @@ class Activation:
                     return items
                 # the bar counts the batches passed over, from its count when the loop began: it
                 # is given placeholders for them
-                self.bar_counts[site] = self.entry_bar_count(site)
+                self.bar_counts[site] = self._entry_bar_count(site)
                 bar: Any = iterable
                 bar.n = self.bar_counts[site]
                 LoaderInBar(iterable, loader,
@@ -634,8 +634,8 @@ class Activation:
                 continue
             if id(iterable) in saved and hasattr(iterable, "__next__"):
                 found[site] = ("iterator", self.loop_items[site])
-            elif type(iterable) is enumerate and id(enumerated(iterable)[0]) in saved \
-                    and hasattr(enumerated(iterable)[0], "__next__"):
+            elif type(iterable) is enumerate and id(inner := enumerated(iterable)[0]) in saved \
+                    and hasattr(inner, "__next__"):
                 found[site] = ("enumerate", self.loop_items[site])
             elif type(iterable) in (enumerate, zip, map, filter):
                 inner = iterable.__reduce__()[1]

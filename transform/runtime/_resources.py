@@ -219,16 +219,20 @@ class LoopWindow:
             LoopWindow.current = None
         self.replay = []
 
-    def origins(self) -> list[LoopOrigin | None]:
+    def origins(self) -> list[tuple[Any, LoopOrigin] | None]:
         """How each iterator the window saw was made, while it lives (None: gone, or one that
         resumes otherwise: a loader that keeps its iterator)."""
-        found: list[LoopOrigin | None] = []
+        found: list[tuple[Any, LoopOrigin] | None] = []
         for ref in self.made:
             iterator = ref()
             origin: _Origin | None = getattr(iterator, "_ecrl_origin", None)
-            keeps = origin is None or origin.loader is None or origin.from_loaded_state \
-                or _keeps_its_iterator(origin.loader)
-            found.append(None if keeps else loop_origin(iterator))
+            loader = origin.loader if origin is not None else None
+            if origin is None or loader is None or origin.from_loaded_state \
+                    or _keeps_its_iterator(loader):
+                found.append(None)
+            else:
+                found.append((_identity(loader), (origin.created, origin.first_draw,
+                                                  origin.last_draw)))
         return found
 
     def replayed(self, iterator: Any, saved: LoopOrigin | None, before: tuple[Any, Any]
@@ -265,6 +269,17 @@ class LoopWindow:
         self.settles.append(settle)
 
 
+def _identity(loader: Any) -> tuple[str, int | None, list[str]]:
+    """What tells a loop's loaders apart when they are made again: the loader's class, its
+    dataset's length and the kinds of its generators."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        size: int | None = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        size = None
+    return (type(loader).__qualname__, size, [type(g).__qualname__ for g in _generators(loader)])
+
+
 def _observe_loader_iterators(module: Any) -> None:
     base = module._BaseDataLoaderIter
 
@@ -273,9 +288,17 @@ def _observe_loader_iterators(module: Any) -> None:
               ) -> Any:
         loader = args[0] if args else kwargs["loader"]
         window = LoopWindow.current
-        replay = window.replay.pop(0) if window is not None and window.replay else None
-        before = None
-        if replay is not None:
+        made_again = window.replay.pop(0) if window is not None and window.replay else None
+        replay, before = None, None
+        if made_again is not None:
+            identity, replay = made_again
+            if identity != _identity(loader):
+                # the loop makes its loaders in another order than when it was saved: a saved
+                # origin applied to another loader would resume it wrong
+                raise CheckpointError(
+                    "cannot resume: a loop makes its DataLoader iterators in another order (or "
+                    "others) than when it was saved, so where each order came from is unknown; "
+                    "make the loaders before the loop, or remove the resume state to start over")
             before = _random_states(loader)
             _set_generator_states(loader, replay[0][1])
         origin = _Origin(loader, _random_states(loader))
